@@ -1,0 +1,1 @@
+"""Placeholder: the child bootstrap is written by the live-capture work."""

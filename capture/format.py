@@ -1,0 +1,149 @@
+"""The layerwatch dump format: names, layout and index records shared by writer and readers.
+
+Plain Python and JSON only (no torch, no numpy) so the engine, the watchers and the CLI can
+import it cheaply. The writer lives in ``capture/writer.py``; the reader in
+``engine/readers/layerwatch.py``. ARCHITECTURE.md documents the format for humans.
+
+Layout of one run (one side: golden or target)::
+
+    {dump_path}/
+      {device}_{pid}/              one directory per process ("rank"), named like msit's
+        manifest.json              written atomically at start and at the end (status)
+        index.jsonl                append-only; one JSON object per line; only complete lines count
+        topology.json              written atomically whenever the module tree/order is known
+        data/{seq:08d}.safetensors batches of tensors, each written to a temp name and renamed
+
+An index line is written only after the file it points at has been renamed into place, with a
+single ``write()`` per batch, so a reader that consumes complete lines never sees a tensor whose
+bytes are not on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMAT_NAME = "layerwatch"
+FORMAT_VERSION = 1
+
+MANIFEST = "manifest.json"
+INDEX = "index.jsonl"
+TOPOLOGY = "topology.json"
+DATA_DIR = "data"
+TMP_PREFIX = ".tmp-"
+"""Files that start with this prefix are being written; watchers and readers ignore them."""
+
+# Index record kinds (the "k" field of an index line).
+K_TENSOR = "t"
+"""A tensor that landed: key, dtype, shape, file, byte offsets, statistics."""
+K_TOKEN = "token"
+"""A root forward call started: token number and the input ids the root received."""
+K_END = "end"
+"""The writer stopped: ``status`` is ``complete`` or says why it stopped."""
+K_ERROR = "error"
+"""Capture hit a problem it could not recover from (disk full...): ``message``."""
+
+STATUS_RUNNING = "running"
+STATUS_COMPLETE = "complete"
+
+
+def rank_dir_name(device: str, pid: int) -> str:
+    """``cpu_1234`` / ``cuda0_1234`` / ``npu3_1234``: the msit rank directory naming."""
+    return f"{device.replace(':', '')}_{pid}"
+
+
+def data_file_name(seq: int) -> str:
+    return f"{DATA_DIR}/{seq:08d}.safetensors"
+
+
+def tensor_name(token: int, node: str, stem: str) -> str:
+    """Name of a tensor inside a safetensors batch file."""
+    return f"{token}/{node}/{stem}"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexTensor:
+    """One ``K_TENSOR`` index line, decoded.
+
+    ``file`` is relative to the rank directory; ``begin``/``end`` are absolute byte offsets of
+    the raw little-endian C-contiguous payload inside that file, so a reader can load it with
+    one ``np.fromfile`` and never parse the safetensors header. ``file`` is ``""`` for a
+    statistics-only record.
+    """
+
+    token: int
+    node: str
+    stem: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+    begin: int
+    end: int
+    order: int
+    """Completion order of ``node`` at ``token`` (0 = first node to finish)."""
+    node_type: str
+    stats: dict[str, float] | None
+    """``max min mean norm`` over the finite elements, ``nan``/``inf`` counts; ``None`` if absent."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "k": K_TENSOR,
+            "token": self.token,
+            "node": self.node,
+            "stem": self.stem,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "file": self.file,
+            "begin": self.begin,
+            "end": self.end,
+            "order": self.order,
+            "type": self.node_type,
+            "stats": self.stats,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> IndexTensor:
+        return cls(
+            token=int(obj["token"]),
+            node=str(obj["node"]),
+            stem=str(obj["stem"]),
+            dtype=str(obj["dtype"]),
+            shape=tuple(int(d) for d in obj["shape"]),
+            file=str(obj.get("file", "")),
+            begin=int(obj.get("begin", 0)),
+            end=int(obj.get("end", 0)),
+            order=int(obj.get("order", -1)),
+            node_type=str(obj.get("type", "")),
+            stats=obj.get("stats"),
+        )
+
+
+def encode_line(obj: dict[str, Any]) -> str:
+    """One index line. NaN/Inf statistics are written as strings to keep the JSON strict."""
+    return json.dumps(_strict(obj), separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return repr(value)  # 'nan', 'inf', '-inf'
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
+
+
+def decode_stat(value: Any) -> float:
+    """Inverse of the NaN/Inf-as-string encoding in :func:`encode_line`."""
+    return float(value)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to ``path`` through a temp file and a rename, so readers never see half of it."""
+    tmp = path.with_name(TMP_PREFIX + path.name)
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(_strict(obj), fh, indent=1, allow_nan=False)
+    os.replace(tmp, path)

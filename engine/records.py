@@ -1,0 +1,235 @@
+"""Plain records every part of the engine shares: tensor keys and locations, topology, verdicts.
+
+No numpy or torch import here: readers, the session, the reports and the TUI all pass these
+around, and the TUI must be able to hold them without pulling in numerics.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+# --- metric names --------------------------------------------------------------------------
+# msit's seven report columns keep msit's names so existing habits and scripts carry over.
+COSINE = "cosine_similarity"
+MAX_REL = "max_relative_error"
+MEAN_REL = "mean_relative_error"
+MAX_ABS = "max_absolute_error"
+MEAN_ABS = "mean_absolute_error"
+KL = "kl_divergence"
+RED = "relative_euclidean_distance"
+MSIT_METRICS = (COSINE, MAX_REL, MEAN_REL, MAX_ABS, MEAN_ABS, KL, RED)
+
+# Ours, beyond msit.
+ONE_THOUSANDTH = "one_thousandth_err_ratio"
+"""Share of elements whose relative error is below 1e-3 (msprobe's 双千指标)."""
+FIVE_THOUSANDTHS = "five_thousandths_err_ratio"
+NAN_MISMATCH = "nonfinite_mismatch"
+"""Number of positions where NaN/Inf differ between golden and target (0 = same positions)."""
+NAN_GOLDEN = "nan_golden"
+NAN_TARGET = "nan_target"
+INF_GOLDEN = "inf_golden"
+INF_TARGET = "inf_target"
+TOP1 = "top1_agreement"
+"""Logits only: share of rows whose argmax agrees."""
+TOPK = "topk_overlap"
+"""Logits only: mean overlap of the top-k index sets (k in the thresholds file)."""
+MARGIN = "golden_top2_margin"
+"""Logits only: smallest golden top-1 minus top-2 logit among rows whose argmax disagrees."""
+
+GRID_METRICS = (COSINE, RED, MAX_ABS, MEAN_REL)
+"""Metrics the grid can colour by (``m`` cycles them); each cell keeps the worst value."""
+HIGHER_IS_BETTER = frozenset({COSINE, ONE_THOUSANDTH, FIVE_THOUSANDTHS, TOP1, TOPK, MARGIN})
+
+
+# --- keys and locations --------------------------------------------------------------------
+_STEM = re.compile(r"^(input|output)(?:_(.+))?$")
+
+
+def stem_part(stem: str) -> str:
+    """``"input"`` or ``"output"`` for an msit-style file stem (``input_0``, ``output``, ...)."""
+    match = _STEM.match(stem)
+    if match is None:
+        raise ValueError(f"not a tensor stem: {stem!r}")
+    return match.group(1)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TensorKey:
+    """Identifies one tensor of one run: (token, node, stem, rank).
+
+    ``stem`` is msit's file stem: ``output`` for a single output, ``output_0``/``output_1_0`` for
+    nested tuples, ``input_0`` for positional inputs, ``input_<name>`` for keyword inputs and
+    ``output_<field>`` for dict/dataclass outputs.
+    """
+
+    token: int
+    node: str
+    stem: str
+    rank: int = 0
+
+    @property
+    def part(self) -> str:
+        return stem_part(self.stem)
+
+    def label(self) -> str:
+        rank = f" rank {self.rank}" if self.rank else ""
+        return f"token {self.token}{rank} · {self.node} · {self.stem}"
+
+
+@dataclass(frozen=True, slots=True)
+class Locator:
+    """Where a tensor's bytes are: everything a loader needs, picklable for worker processes.
+
+    Every supported format resolves to raw little-endian bytes at an offset in a file (our
+    safetensors batches, an ATB ``.bin`` payload, a storage record inside a torch zip, an
+    ``.npy``), so loading is one read and a numpy view.
+    """
+
+    path: str
+    offset: int
+    nbytes: int
+    dtype: str
+    """Storage dtype name: ``float32 float16 bfloat16 float64 int8 uint8 int16 int32 int64 bool``..."""
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None = None
+    """Element strides when the stored view is not C-contiguous (torch.save keeps views)."""
+    elem_offset: int = 0
+    """Offset in elements of the view inside the stored buffer."""
+    layout: str = ""
+    """``""`` for plain; ``"nz"`` for Ascend FRACTAL_NZ bytes to un-block into ``shape``."""
+    stored_shape: tuple[int, ...] = ()
+    """Shape of the bytes as stored, when it differs from ``shape`` (NZ blocks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Statistics of one tensor, over its finite elements; NaN/Inf counted separately."""
+
+    max: float
+    min: float
+    mean: float
+    norm: float
+    nan: int = 0
+    inf: int = 0
+
+
+@dataclass(slots=True)
+class TensorRecord:
+    """One tensor of one run, as a reader found it. ``loc`` is ``None`` for statistics-only dumps."""
+
+    key: TensorKey
+    dtype: str
+    shape: tuple[int, ...]
+    loc: Locator | None
+    stats: Stats | None = None
+    order: int = -1
+    """Completion order of the node at this token (-1: unknown, the topology decides)."""
+    node_type: str = ""
+    source: str = ""
+    """File the tensor came from, for reports and the operator view."""
+
+
+# --- topology ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ParamPrint:
+    """A cheap fingerprint of one parameter, for pairing modules by identical weights.
+
+    Taken once when hooks are registered (float64 sums over the parameter cast to float32, and
+    its first values), so golden fp32 and target bf16 weights that are equal after a cast can
+    be matched without dumping the weights themselves.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    sum: float
+    abs_sum: float
+    norm: float
+    head: tuple[float, ...] = ()
+    """The first (up to 16) values in C order, as float."""
+
+
+@dataclass(slots=True)
+class Node:
+    name: str
+    type: str = ""
+    parent: str | None = None
+    children: list[str] = field(default_factory=list)
+    order: int = -1
+    """Completion order at the reference token (forward-hook order; inner before outer)."""
+    params: dict[str, ParamPrint] = field(default_factory=dict)
+    """Direct parameters of this module (not its children's), by local name (``weight``)."""
+
+
+@dataclass(slots=True)
+class Topology:
+    """The module tree of a run, with execution (completion) order where the format has it."""
+
+    nodes: dict[str, Node] = field(default_factory=dict)
+    root: str = "root"
+
+    def add(self, name: str, type_: str = "", parent: str | None = None, order: int = -1) -> Node:
+        node = self.nodes.get(name)
+        if node is None:
+            node = self.nodes[name] = Node(name, type_, parent, [], order)
+        else:
+            node.type = node.type or type_
+            node.parent = node.parent if node.parent is not None else parent
+            if order >= 0:
+                node.order = order
+        if parent is not None:
+            parent_node = self.nodes.get(parent) or self.add(parent)
+            if name not in parent_node.children:
+                parent_node.children.append(name)
+        return node
+
+
+# --- verdicts ------------------------------------------------------------------------------
+class Verdict(str, Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    DIVERGED = "diverged"
+    """The target was fed different input ids from an earlier token on: not blamed."""
+    UNPAIRED = "unpaired"
+    ERROR = "error"
+    """Unreadable, shape mismatch... ``reason`` says which."""
+
+
+@dataclass(slots=True)
+class PairResult:
+    """The comparison of one golden tensor with its target counterpart.
+
+    Truthy when the pair is within thresholds, like Polygraphy's compare results.
+    ``metrics`` uses msit's column names (see the constants above); values are floats.
+    """
+
+    key: TensorKey
+    """Golden-side key (the target key when the tensor exists only in the target)."""
+    verdict: Verdict
+    metrics: dict[str, float] = field(default_factory=dict)
+    failed: tuple[str, ...] = ()
+    """Names of the metrics outside their threshold."""
+    reason: str = ""
+    golden: TensorRecord | None = None
+    target: TensorRecord | None = None
+    order: int = -1
+    node_type: str = ""
+    block: int = -1
+    """Index of the grid column (block) the node belongs to; -1 while unknown."""
+    is_logits: bool = False
+
+    def __bool__(self) -> bool:
+        return self.verdict is Verdict.PASS
+
+    def to_json(self) -> dict[str, Any]:
+        """The row shape of ``layerwatch compare --json`` (keep these names stable)."""
+        return {
+            "token": self.key.token,
+            "node": self.key.node,
+            "tensor": self.key.stem,
+            "verdict": self.verdict.value,
+            "metrics": dict(self.metrics),
+            "reason": self.reason,
+        }

@@ -1,0 +1,249 @@
+"""The one narrow seam between the engine and whoever shows its results (the TUI, the CLI).
+
+The engine pushes :class:`ResultBatch` objects into a :class:`Sink`; a consumer on another
+thread drains them (the TUI with a 10-20 Hz timer, measured to be the only way that keeps
+the UI responsive). For drill-down the consumer asks a :class:`ResultsView`, which is
+thread-safe. Everything here is plain data: no Textual, no numpy.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, Protocol
+
+from .records import GRID_METRICS, PairResult, Stats, Verdict
+
+
+class CellState(IntEnum):
+    """State of one grid cell (token × block); larger = worse, so a cell keeps the max."""
+
+    EMPTY = 0
+    """Nothing dumped for this block at this token (yet, or ever)."""
+    WAITING = 1
+    """One side has landed, the other has not yet."""
+    PASS = 2
+    DIVERGED = 3
+    """Inputs differ because an earlier token differed: shown, not blamed."""
+    FAIL = 4
+    NONFINITE = 5
+    """NaN/Inf where the golden run has none (or at other positions)."""
+    ERROR = 6
+    """A pair could not be compared (shape mismatch, unreadable file)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """One grid column: what runs before the repeated layers, each layer, what runs after."""
+
+    index: int
+    label: str
+    """Short header text: ``embed``, ``L0``..``L31``, ``norm``, ``lm_head``."""
+    kind: str
+    """``"pre"``, ``"layer"`` or ``"post"``."""
+    node: str
+    """Module path that heads the block (``root.model.layers.3``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CellUpdate:
+    """New aggregate for one cell. ``worst`` follows :data:`~.records.GRID_METRICS` order."""
+
+    token: int
+    block: int
+    state: CellState
+    worst: tuple[float, ...]
+    """Worst value of each grid metric inside the block (NaN where none yet)."""
+    pairs: int
+    failed: int
+    first_bad: bool = False
+    """This cell holds the first failure (earliest token, then earliest in execution order)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A located result: the first failure or the root cause. ``to_json`` is the CLI's shape."""
+
+    token: int
+    node: str
+    stem: str
+    verdict: Verdict
+    failed_metrics: tuple[str, ...]
+    metrics: dict[str, float]
+    block: int = -1
+    block_label: str = ""
+    reason: str = ""
+
+    @classmethod
+    def of(cls, result: PairResult, block_label: str = "") -> Finding:
+        return cls(
+            result.key.token,
+            result.key.node,
+            result.key.stem,
+            result.verdict,
+            result.failed,
+            dict(result.metrics),
+            result.block,
+            block_label,
+            result.reason,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "node": self.node,
+            "tensor": self.stem,
+            "verdict": self.verdict.value,
+            "failed_metrics": list(self.failed_metrics),
+            "metrics": dict(self.metrics),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Counts of verdicts so far; ``pending`` = tensors seen on one side only (yet)."""
+
+    pairs: int = 0
+    passed: int = 0
+    failed: int = 0
+    diverged: int = 0
+    unpaired: int = 0
+    error: int = 0
+    pending: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "pairs": self.pairs,
+            "pass": self.passed,
+            "fail": self.failed,
+            "diverged": self.diverged,
+            "unpaired": self.unpaired,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """What one side's producer is doing: for the status line. Filled by the live pipeline."""
+
+    side: str
+    state: str
+    """``waiting`` ``launching`` ``running`` ``exited`` ``crashed`` ``complete`` ``attached``."""
+    pid: int | None = None
+    exit_code: int | None = None
+    tokens: int = 0
+    tensors: int = 0
+    message: str = ""
+
+
+@dataclass(slots=True)
+class ResultBatch:
+    """Everything new since the previous batch. State fields always carry the current value."""
+
+    cells: list[CellUpdate] = field(default_factory=list)
+    pairs: list[PairResult] = field(default_factory=list)
+    blocks: tuple[BlockInfo, ...] | None = None
+    """The full column list, only when it changed."""
+    summary: Summary = field(default_factory=Summary)
+    first_failure: Finding | None = None
+    root_cause: Finding | None = None
+    first_bad_token: int | None = None
+    runs: dict[str, RunStatus] = field(default_factory=dict)
+    """Latest status per side, only for sides whose status changed."""
+    notes: list[str] = field(default_factory=list)
+    """One-line messages for the user (a truncated file skipped, a child that exited...)."""
+    done: bool = False
+    """No more batches will follow: both sides finished and everything was compared."""
+
+
+class Sink(Protocol):
+    """Where the engine delivers batches. Called from the engine's thread."""
+
+    def on_batch(self, batch: ResultBatch) -> None: ...
+
+
+class QueueSink:
+    """A sink that only enqueues; the consumer drains with :meth:`drain` on its own thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[ResultBatch] = queue.SimpleQueue()
+
+    def on_batch(self, batch: ResultBatch) -> None:
+        self._queue.put(batch)
+
+    def drain(self, limit: int = 1_000_000) -> list[ResultBatch]:
+        batches: list[ResultBatch] = []
+        while len(batches) < limit:
+            try:
+                batches.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batches
+
+
+# --- drill-down ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MetricCheck:
+    name: str
+    value: float
+    limit: float | None
+    """The threshold, or ``None`` when the metric is informational only."""
+    op: str
+    """``">="`` or ``"<="``."""
+    passed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SideSummary:
+    dtype: str
+    shape: tuple[int, ...]
+    stats: Stats | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorstElement:
+    index: tuple[int, ...]
+    golden: float
+    target: float
+    abs_err: float
+    rel_err: float
+
+
+@dataclass(slots=True)
+class PairDetail:
+    """Everything the operator view shows for one pair. Built on demand (loads both tensors)."""
+
+    result: PairResult
+    golden: SideSummary | None
+    target: SideSummary | None
+    checks: list[MetricCheck]
+    inputs: list[PairResult]
+    """The node's input pairs at the same token, so "inputs pass, output fails" is visible."""
+    histogram_edges: list[float]
+    histogram_counts: list[int]
+    histogram_label: str
+    worst: list[WorstElement]
+    sentence: str
+    """Why it was flagged (or why it passes), in one sentence."""
+
+
+class ResultsView(Protocol):
+    """Read access to the session for drill-down. Safe to call from any thread."""
+
+    def blocks(self) -> tuple[BlockInfo, ...]: ...
+
+    def pairs_in_block(self, token: int, block: int) -> list[PairResult]:
+        """The block's pairs at ``token`` in execution order (inner operators first)."""
+        ...
+
+    def inputs_of(self, result: PairResult) -> list[PairResult]: ...
+
+    def explain(self, result: PairResult) -> PairDetail:
+        """Load both tensors again and build the operator view. May take a while: call it off
+        the UI thread."""
+        ...
+
+
+GRID_METRIC_COUNT = len(GRID_METRICS)

@@ -1,0 +1,138 @@
+"""The ``layerwatch`` command line: argument parsing and dispatch, nothing heavy.
+
+``layerwatch --help`` must start fast (msit's CLI needs 2.1-2.5 s): this module imports only
+the standard library; each command imports its implementation (and torch or Textual, if it
+needs them) when it runs. A user error prints one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib import import_module
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+
+_HANDLERS: dict[str, str] = {
+    "demo": "layerwatch.tui.demo:demo_main",
+    "dump": "layerwatch.capture.launch:dump_main",
+    "run": "layerwatch.tui.frontends:run_main",
+    "watch": "layerwatch.tui.frontends:watch_main",
+    "open": "layerwatch.tui.frontends:open_main",
+    "compare": "layerwatch.engine.runner:compare_main",
+}
+
+
+def add_capture_options(parser: argparse.ArgumentParser) -> None:
+    """Options that mirror :class:`layerwatch.capture.DumpConfig`."""
+    group = parser.add_argument_group("capture options (as DumpConfig)")
+    group.add_argument("--tokens", metavar="SPEC", help="tokens to dump, e.g. 0-31 or 0-7,12 (default: all)")
+    group.add_argument("--part", choices=("in", "out", "both"), default="both", help="tensor_part: inputs, outputs or both")
+    group.add_argument("--layers", metavar="GLOB", help="only nodes whose name matches (layer_name)")
+    group.add_argument("--stats-only", action="store_true", help="statistics only, no tensor payloads")
+    group.add_argument("--last-logits", action="store_true", help="dump only the logits of each token")
+    group.add_argument("--format", choices=("layerwatch", "msit"), default="layerwatch", help="dump layout")
+    group.add_argument("--seed", type=int, help="seed_all(SEED) in the child before it runs")
+
+
+def add_watch_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--poll", action="store_true", help="poll the file system (NFS, Lustre, GPFS) instead of inotify")
+    parser.add_argument("--poll-interval", type=float, default=0.25, metavar="S", help="seconds between polls (default 0.25)")
+
+
+def add_compare_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--map", metavar="FILE", help="name-mapping rules (TOML/JSON) or msit op_mapping_file.json")
+    parser.add_argument("--auto-map", action="store_true", help="pair modules by identical weights when names differ")
+    parser.add_argument("--thresholds", metavar="FILE", help="thresholds TOML overriding the defaults")
+    parser.add_argument("--jobs", type=int, default=0, metavar="N", help="compare processes (default: CPU count)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="layerwatch",
+        description="Find where an LLM inference run goes numerically wrong: first bad token, layer and operator.",
+    )
+    parser.add_argument("--version", action="version", version="layerwatch 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run the demo model twice (golden, faulty target) and watch the grid")
+    demo.add_argument("--fault", default=None, metavar="NAME", help="fault injected into the target (see --list-faults)")
+    demo.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="target dtype (golden is fp32)")
+    demo.add_argument("--new-tokens", type=int, default=None, metavar="N", help="tokens to generate")
+    demo.add_argument("--list-faults", action="store_true", help="list the named faults and exit")
+    demo.add_argument("--out", metavar="DIR", help="keep the dumps here (default: a temporary directory)")
+    demo.add_argument("--headless", action="store_true", help="print results instead of opening the TUI")
+
+    dump = sub.add_parser("dump", help="run an inference command unmodified with capture on")
+    dump.add_argument("--out", required=True, metavar="DIR", help="dump directory")
+    add_capture_options(dump)
+    dump.add_argument("--dumper", choices=("layerwatch", "msit"), default="layerwatch", help="msit: launch `msit llm dump` (Ascend ATB)")
+    dump.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh")
+    dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+    run = sub.add_parser("run", help="launch or attach to both sides and compare live")
+    g = run.add_mutually_exclusive_group(required=True)
+    g.add_argument("--golden-cmd", metavar="CMD", help="golden inference command")
+    g.add_argument("--golden", metavar="DIR", help="golden dump directory (finished or being written)")
+    t = run.add_mutually_exclusive_group(required=True)
+    t.add_argument("--target-cmd", metavar="CMD", help="target inference command")
+    t.add_argument("--target", metavar="DIR", help="target dump directory (finished or being written)")
+    run.add_argument("--out", metavar="DIR", help="where launched commands dump (default: ./layerwatch-run)")
+    run.add_argument("--shell", action="store_true", help="run the commands through /bin/sh")
+    run.add_argument("--headless", action="store_true", help="print progress lines instead of the TUI")
+    add_capture_options(run)
+    add_watch_options(run)
+    add_compare_options(run)
+
+    watch = sub.add_parser("watch", help="attach to two dumps being written by anything")
+    watch.add_argument("golden", metavar="GOLDEN_DIR")
+    watch.add_argument("target", metavar="TARGET_DIR")
+    watch.add_argument("--headless", action="store_true", help="print progress lines instead of the TUI")
+    add_watch_options(watch)
+    add_compare_options(watch)
+
+    open_ = sub.add_parser("open", help="browse the comparison of two finished dumps")
+    open_.add_argument("golden", metavar="GOLDEN")
+    open_.add_argument("target", metavar="TARGET")
+    add_compare_options(open_)
+
+    compare = sub.add_parser("compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure")
+    compare.add_argument("golden", metavar="GOLDEN")
+    compare.add_argument("target", metavar="TARGET")
+    compare.add_argument("-o", "--output", metavar="CSV", help="write the report (msit columns + verdicts)")
+    compare.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
+    add_compare_options(compare)
+    return parser
+
+
+def _load(target: str) -> Callable[[argparse.Namespace], int]:
+    module_name, func_name = target.split(":")
+    return getattr(import_module(module_name), func_name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    if getattr(args, "cmd", None) and args.cmd[0] == "--":
+        args.cmd = args.cmd[1:]
+    from layerwatch.capture.errors import LayerwatchError
+
+    try:
+        return _load(_HANDLERS[args.command])(args)
+    except LayerwatchError as exc:
+        print(f"layerwatch {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"layerwatch {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
