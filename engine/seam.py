@@ -246,4 +246,27 @@ class ResultsView(Protocol):
         ...
 
 
+class ComparisonSource(Protocol):
+    """What a front end (TUI, headless printer) drives: a live or finished comparison.
+
+    Implemented by the live pipeline (``engine/live.py``) for ``demo``/``run``/``watch``/``open``.
+    """
+
+    sink: QueueSink
+    view: ResultsView
+
+    def start(self) -> None:
+        """Launch children / start watchers and the engine worker. Returns at once."""
+        ...
+
+    def stop(self) -> None:
+        """Stop launched children cleanly (TERM, then KILL after a grace period) and the
+        threads. Idempotent; everything already compared stays available."""
+        ...
+
+    def export(self, path: str) -> str:
+        """Write the report as ``layerwatch compare`` does (``.csv`` or ``.json`` by suffix)."""
+        ...
+
+
 GRID_METRIC_COUNT = len(GRID_METRICS)
