@@ -1,0 +1,342 @@
+"""Raw bytes at an offset → numpy, for every dump format, without importing torch.
+
+Every reader resolves a tensor to a :class:`~layerwatch.engine.records.Locator` (file, byte
+offset, dtype, shape, optional strides / NZ blocking), so loading is one read plus a view:
+no pickle, no header parse, no torch (``import torch`` alone costs ~1.5 s). ``iter_chunks``
+reads piecewise so a multi-GB tensor is compared in bounded memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+
+import numpy as np
+from layerwatch.capture.errors import LayerwatchError
+
+from .records import Locator
+
+_STORAGE: dict[str, str] = {
+    "float32": "<f4",
+    "float16": "<f2",
+    "bfloat16": "<u2",  # widened to float32 by a bit shift (exact)
+    "float64": "<f8",
+    "int8": "i1",
+    "uint8": "u1",
+    "int16": "<i2",
+    "uint16": "<u2",
+    "int32": "<i4",
+    "uint32": "<u4",
+    "int64": "<i8",
+    "uint64": "<u8",
+    "bool": "?",
+    "complex64": "<c8",
+    "complex128": "<c16",
+    "float8_e4m3fn": "u1",  # decoded through a 256-entry table
+    "float8_e5m2": "u1",
+}
+_ALIASES = {
+    "float": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "half": "float16",
+    "fp16": "float16",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "double": "float64",
+    "fp64": "float64",
+    "f64": "float64",
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+    "char": "int8",
+    "byte": "uint8",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
+    "complex": "complex64",
+    "bool_": "bool",
+    "i8": "int64",
+    "i4": "int32",
+    "i2": "int16",
+    "i1": "int8",
+    "u1": "uint8",
+    "f2": "float16",
+    "f4": "float32",
+    "f8": "float64",
+    "bf16_": "bfloat16",
+    "float8_e4m3": "float8_e4m3fn",
+}
+NZ_M0 = 16
+"""Rows per FRACTAL_NZ block (the block's N0 columns make 32 bytes)."""
+
+
+def canonical_dtype(name: str) -> str:
+    """``torch.float32`` / ``fp32`` / ``float`` → ``float32``; unknown names raise ``LayerwatchError``."""
+    key = name.strip().lower().removeprefix("torch.").removeprefix("np.").removeprefix("numpy.")
+    key = _ALIASES.get(key, key)
+    if key not in _STORAGE:
+        raise LayerwatchError(f"unsupported dtype {name!r}")
+    return key
+
+
+def storage_dtype(name: str) -> np.dtype:
+    """The numpy dtype of the bytes as stored (bf16 and fp8 as unsigned ints)."""
+    return np.dtype(_STORAGE[canonical_dtype(name)])
+
+
+def itemsize(name: str) -> int:
+    return storage_dtype(name).itemsize
+
+
+def result_dtype(name: str, as_float: bool = False) -> np.dtype:
+    """dtype ``load_array`` returns for a stored dtype (bf16/fp8 → float32)."""
+    dt = canonical_dtype(name)
+    if dt in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        return np.dtype(np.float32)
+    out = np.dtype(_STORAGE[dt]).newbyteorder("=")
+    if as_float and out.kind in "biu":
+        return np.dtype(np.float64)
+    if as_float and out == np.float16:
+        return np.dtype(np.float32)
+    return out
+
+
+def _fp8_table(exp_bits: int, man_bits: int, fn: bool) -> np.ndarray:
+    """float32 value of every fp8 byte (e4m3fn: no inf, 0x7f/0xff NaN; e5m2: IEEE-like)."""
+    bias = (1 << (exp_bits - 1)) - 1
+    table = np.empty(256, np.float32)
+    for byte in range(256):
+        sign = -1.0 if byte & 0x80 else 1.0
+        exp = (byte >> man_bits) & ((1 << exp_bits) - 1)
+        man = byte & ((1 << man_bits) - 1)
+        top = (1 << exp_bits) - 1
+        if fn and exp == top and man == (1 << man_bits) - 1:
+            value = math.nan
+        elif not fn and exp == top:
+            value = math.nan if man else sign * math.inf
+        elif exp == 0:
+            value = sign * man * 2.0 ** (1 - bias - man_bits)
+        else:
+            value = sign * (1 + man / (1 << man_bits)) * 2.0 ** (exp - bias)
+        table[byte] = value
+    return table
+
+
+_FP8 = {"float8_e4m3fn": _fp8_table(4, 3, True), "float8_e5m2": _fp8_table(5, 2, False)}
+
+
+def _decode(raw: np.ndarray, dt: str, as_float: bool) -> np.ndarray:
+    """Stored elements → result elements (a no-op view for most dtypes)."""
+    if dt == "bfloat16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    if dt in _FP8:
+        return _FP8[dt][raw]
+    if not raw.dtype.isnative:
+        raw = raw.astype(raw.dtype.newbyteorder("="))
+    if as_float:
+        target = result_dtype(dt, True)
+        if raw.dtype != target:
+            return raw.astype(target)
+    return raw
+
+
+def _read(loc: Locator, first: int, count: int, sdt: np.dtype) -> np.ndarray:
+    """``count`` stored elements starting at element ``first`` of the storage, or a one-line error."""
+    if count <= 0:
+        return np.empty(0, sdt)
+    try:
+        raw = np.fromfile(
+            loc.path, dtype=sdt, count=count, offset=loc.offset + first * sdt.itemsize
+        )
+    except FileNotFoundError:
+        raise LayerwatchError(f"{loc.path}: file not found") from None
+    except (OSError, ValueError) as exc:
+        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+    if raw.size < count:
+        need = loc.offset + (first + count) * sdt.itemsize
+        raise LayerwatchError(
+            f"{loc.path}: truncated (needs {need} bytes, the tensor is cut short)"
+        )
+    return raw
+
+
+def _extent(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Number of storage elements a strided view spans (0 for an empty view)."""
+    if any(d == 0 for d in shape):
+        return 0
+    if any(s < 0 for s in strides):
+        raise LayerwatchError(f"negative strides {strides} are not supported")
+    return 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+
+
+def _is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    if strides is None:
+        return True
+    expect = 1
+    for d, s in zip(reversed(shape), reversed(strides), strict=True):
+        if d != 1 and s != expect:
+            return False
+        expect *= d
+    return True
+
+
+def _nz_geometry(loc: Locator) -> tuple[int, int, int, int, int, int]:
+    """(batch, M, N, N1, Mp, N0) of an NZ tensor: ND ``shape`` (..., M, N) stored as (B, N1, Mp, N0)."""
+    shape = tuple(loc.shape)
+    if len(shape) < 2:
+        raise LayerwatchError(
+            f"{loc.path}: FRACTAL_NZ tensor needs a ND shape of rank >= 2, got {shape}"
+        )
+    batch = math.prod(shape[:-2])
+    m, n = shape[-2], shape[-1]
+    if loc.stored_shape:
+        n0 = loc.stored_shape[-1]
+        total = math.prod(loc.stored_shape)
+    else:
+        n0 = max(1, 32 // itemsize(loc.dtype))
+        total = batch * -(-n // n0) * -(-m // NZ_M0) * NZ_M0 * n0
+    n1 = -(-n // n0) if n0 else 0
+    denom = batch * n1 * n0
+    mp = total // denom if denom else 0
+    if denom == 0 or mp * denom != total or mp < m:
+        raise LayerwatchError(
+            f"{loc.path}: FRACTAL_NZ stored shape {loc.stored_shape} does not hold ND shape {shape}"
+        )
+    return batch, m, n, n1, mp, n0
+
+
+def load_array(loc: Locator, *, as_float: bool = False) -> np.ndarray:
+    """The whole tensor in its logical ``shape``: bf16/fp8 → float32, other dtypes kept.
+
+    ``as_float=True`` additionally widens fp16 → float32 and ints/bools → float64.
+    """
+    dt = canonical_dtype(loc.dtype)
+    sdt = storage_dtype(dt)
+    shape = tuple(int(d) for d in loc.shape)
+    if loc.layout == "nz":
+        batch, m, n, n1, mp, n0 = _nz_geometry(loc)
+        raw = _read(loc, loc.elem_offset, batch * n1 * mp * n0, sdt)
+        blocks = raw.reshape(batch, n1, mp, n0).transpose(0, 2, 1, 3).reshape(batch, mp, n1 * n0)
+        nd = np.ascontiguousarray(blocks[:, :m, :n]).reshape(shape)
+        return _decode(nd, dt, as_float)
+    if loc.layout:
+        raise LayerwatchError(f"{loc.path}: unsupported tensor layout {loc.layout!r}")
+    strides = tuple(int(s) for s in loc.strides) if loc.strides is not None else None
+    if _is_contiguous(shape, strides):
+        raw = _read(loc, loc.elem_offset, math.prod(shape), sdt)
+        return _decode(raw, dt, as_float).reshape(shape)
+    assert strides is not None
+    window = _read(loc, loc.elem_offset, _extent(shape, strides), sdt)
+    if window.size == 0:
+        return np.empty(shape, result_dtype(dt, as_float))
+    view = np.lib.stride_tricks.as_strided(
+        window, shape, tuple(s * sdt.itemsize for s in strides), writeable=False
+    )
+    return _decode(np.ascontiguousarray(view), dt, as_float)
+
+
+def iter_chunks(loc: Locator, max_elems: int, *, as_float: bool = False) -> Iterator[np.ndarray]:
+    """The tensor's elements in C order as consecutive 1-D chunks of at most ``max_elems``.
+
+    Contiguous tensors are read piecewise with ``np.fromfile``; strided views and NZ blocks go
+    through a read-only memory map, so only about one chunk at a time is in memory.
+    """
+    if max_elems <= 0:
+        raise ValueError("max_elems must be positive")
+    dt = canonical_dtype(loc.dtype)
+    sdt = storage_dtype(dt)
+    shape = tuple(int(d) for d in loc.shape)
+    strides = tuple(int(s) for s in loc.strides) if loc.strides is not None else None
+    total = math.prod(shape)
+    if loc.layout == "" and _is_contiguous(shape, strides):
+        for start in range(0, total, max_elems):
+            count = min(max_elems, total - start)
+            yield _decode(_read(loc, loc.elem_offset + start, count, sdt), dt, as_float)
+        return
+    if total == 0:
+        return
+    if total <= max_elems:
+        yield load_array(loc, as_float=as_float).reshape(-1)
+        return
+    if loc.layout == "nz":
+        pieces = _nz_pieces(loc, sdt, max_elems)
+    elif loc.layout:
+        raise LayerwatchError(f"{loc.path}: unsupported tensor layout {loc.layout!r}")
+    else:
+        assert strides is not None
+        mm = _memmap(loc, loc.elem_offset, _extent(shape, strides), sdt)
+        view = np.lib.stride_tricks.as_strided(
+            mm, shape, tuple(s * sdt.itemsize for s in strides), writeable=False
+        )
+        pieces = (np.ascontiguousarray(p).reshape(-1) for p in _pieces(view, max_elems))
+    for chunk in _rechunk(pieces, max_elems):
+        yield _decode(chunk, dt, as_float)
+
+
+def _rechunk(pieces: Iterator[np.ndarray], max_elems: int) -> Iterator[np.ndarray]:
+    """Join small C-ordered pieces (each <= ``max_elems``) into chunks of at most ``max_elems``."""
+    buf: list[np.ndarray] = []
+    held = 0
+    for piece in pieces:
+        if held and held + piece.size > max_elems:
+            yield buf[0] if len(buf) == 1 else np.concatenate(buf)
+            buf, held = [], 0
+        buf.append(piece)
+        held += piece.size
+    if held:
+        yield buf[0] if len(buf) == 1 else np.concatenate(buf)
+
+
+def _pieces(view: np.ndarray, max_elems: int) -> Iterator[np.ndarray]:
+    """Sub-views of ``view`` in C order, each at most ``max_elems`` elements."""
+    if view.size <= max_elems:
+        yield view
+    elif view.ndim == 1:
+        for start in range(0, view.shape[0], max_elems):
+            yield view[start : start + max_elems]
+    else:
+        inner = math.prod(view.shape[1:])
+        if inner <= max_elems:
+            step = max_elems // inner
+            for start in range(0, view.shape[0], step):
+                yield view[start : start + step]
+        else:
+            for i in range(view.shape[0]):
+                yield from _pieces(view[i], max_elems)
+
+
+def _nz_pieces(loc: Locator, sdt: np.dtype, max_elems: int) -> Iterator[np.ndarray]:
+    """ND rows of an NZ tensor, a few rows at a time, from a memory map of the blocks."""
+    batch, m, n, n1, mp, n0 = _nz_geometry(loc)
+    blocks = _memmap(loc, loc.elem_offset, batch * n1 * mp * n0, sdt).reshape(batch, n1, mp, n0)
+    if n <= max_elems:
+        step = max(1, max_elems // n)
+        for b in range(batch):
+            for start in range(0, m, step):
+                rows = blocks[b, :, start : min(m, start + step), :]  # (n1, r, n0)
+                nd = np.ascontiguousarray(rows.transpose(1, 0, 2)).reshape(-1, n1 * n0)[:, :n]
+                yield nd.reshape(-1)
+    else:
+        for b in range(batch):
+            for row in range(m):
+                nd_row = np.ascontiguousarray(blocks[b, :, row, :]).reshape(-1)[:n]
+                for start in range(0, n, max_elems):
+                    yield nd_row[start : start + max_elems]
+
+
+def _memmap(loc: Locator, first: int, count: int, sdt: np.dtype) -> np.ndarray:
+    """Read-only map of ``count`` stored elements; the file size is checked first (no SIGBUS)."""
+    start = loc.offset + first * sdt.itemsize
+    try:
+        size = os.path.getsize(loc.path)
+    except FileNotFoundError:
+        raise LayerwatchError(f"{loc.path}: file not found") from None
+    except OSError as exc:
+        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+    if start + count * sdt.itemsize > size:
+        need = start + count * sdt.itemsize
+        raise LayerwatchError(
+            f"{loc.path}: truncated (needs {need} bytes, the tensor is cut short)"
+        )
+    return np.memmap(loc.path, dtype=sdt, mode="r", offset=start, shape=(count,))
