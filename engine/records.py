@@ -37,11 +37,21 @@ TOP1 = "top1_agreement"
 TOPK = "topk_overlap"
 """Logits only: mean overlap of the top-k index sets (k in the thresholds file)."""
 MARGIN = "golden_top2_margin"
-"""Logits only: smallest golden top-1 minus top-2 logit among rows whose argmax disagrees."""
+"""Logits only: largest golden top-1 minus top-2 logit among rows whose argmax disagrees
+(the most confident flip; 0.0 when every row agrees). Smaller is better: a flip within noise
+is a near-tie, not a fault."""
+EXACT = "exact_match_ratio"
+"""Integer/bool pairs only: share of elements that are exactly equal."""
+STAT_METRICS = (
+    "max_stat_relative_error", "min_stat_relative_error", "mean_stat_relative_error",
+    "l2norm_stat_relative_error", "max_stat_absolute_error", "min_stat_absolute_error",
+    "mean_stat_absolute_error", "l2norm_stat_absolute_error",
+)
+"""Statistics-only pairs (msit ``-st`` column names): errors of max/min/mean/L2 norm."""
 
 GRID_METRICS = (COSINE, RED, MAX_ABS, MEAN_REL)
 """Metrics the grid can colour by (``m`` cycles them); each cell keeps the worst value."""
-HIGHER_IS_BETTER = frozenset({COSINE, ONE_THOUSANDTH, FIVE_THOUSANDTHS, TOP1, TOPK, MARGIN})
+HIGHER_IS_BETTER = frozenset({COSINE, ONE_THOUSANDTH, FIVE_THOUSANDTHS, TOP1, TOPK, EXACT})
 
 
 # --- keys and locations --------------------------------------------------------------------

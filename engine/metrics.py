@@ -1,0 +1,310 @@
+"""Per-pair metrics in one streaming float64 pass (DESIGN §5), in bounded memory.
+
+:class:`MetricAccumulator` is fed golden/target chunks in C order and keeps only scalar
+float64 sums, so a multi-GB pair compares in the memory of one chunk. Every chunk is cut
+into cache-sized blocks; a block costs one float64 copy of each side, three BLAS dot
+products (‖g‖², ‖t‖², ‖t−g‖²) and a handful of in-place ufuncs. Chunks whose bytes are
+identical (deterministic re-runs) skip all float work except ‖g‖².
+
+Definitions (over positions where *both* sides are finite, ``n_f`` of them):
+
+* cosine = 1 − (‖d‖² − (‖g‖ − ‖t‖)²) / (2‖g‖‖t‖), d = t − g — computed from the difference
+  norm so 1 − cos keeps its digits near 1 (0.9999 vs 0.99999 resolve; nothing is rounded).
+  Both norms 0 → 1.0; exactly one norm 0 → 0.0.
+* relative_euclidean_distance = ‖d‖ / ‖g‖; ‖g‖ = 0 → ``inf`` if ‖d‖ > 0 else 0.
+* absolute errors |d|; relative errors |d| / max(|g|, floor), where ``floor`` is the
+  small-value floor of the dtype class (``[floor]`` in thresholds.toml). Nothing is masked:
+  golden 0 vs target 1 gives 1/floor, not 0 (msit's bug).
+* one/five-thousandth ratios: share of positions with relative error < 1e-3 / 5e-3.
+* NaN/Inf are counted per side; ``nonfinite_mismatch`` = positions whose class (finite, NaN,
+  +Inf, −Inf) differs between the sides.
+* integer/bool pairs additionally report ``exact_match_ratio`` (share of equal elements,
+  compared in the original integer values); their other metrics use the values cast to
+  float64.
+* no finite position at all (empty, all NaN on both sides) → vacuously perfect metrics.
+
+KL divergence and the other logits metrics live in :mod:`.logits`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+from layerwatch.capture.errors import LayerwatchError
+
+from .records import (
+    COSINE,
+    EXACT,
+    FIVE_THOUSANDTHS,
+    INF_GOLDEN,
+    INF_TARGET,
+    MAX_ABS,
+    MAX_REL,
+    MEAN_ABS,
+    MEAN_REL,
+    NAN_GOLDEN,
+    NAN_MISMATCH,
+    NAN_TARGET,
+    ONE_THOUSANDTH,
+    RED,
+)
+
+BLOCK = 1 << 15
+"""Elements per compute block: three float64 buffers of this size stay in a 512 KiB L2."""
+
+
+class MetricAccumulator:
+    """Streaming float64 accumulator for one golden/target pair.
+
+    Feed equal-length 1-D chunks with :meth:`update` (any float/int/bool dtype; bf16 arrives
+    as float32 from the loader), then read :meth:`result`. Chunk boundaries never change the
+    result beyond float64 rounding of the sums.
+    """
+
+    def __init__(self, rel_floor: float, *, exact: bool = False, block: int = BLOCK) -> None:
+        self.rel_floor = float(rel_floor)
+        """Small-value floor of the relative error (absolute, in the tensor's units)."""
+        self.exact = exact
+        """Count exactly-equal elements (integer/bool pairs)."""
+        self._block = block
+        self._g = np.empty(0)
+        self._t = np.empty(0)
+        self._b = np.empty(0, dtype=bool)
+        self.n = 0
+        self.n_finite = 0
+        self.equal = 0
+        self.nan_g = self.nan_t = self.inf_g = self.inf_t = self.mismatch = 0
+        self.gg = self.tt = self.dd = 0.0
+        self.max_abs = self.sum_abs = self.max_rel = self.sum_rel = 0.0
+        self.c1 = self.c5 = 0
+
+    # -- feeding -------------------------------------------------------------------------
+    def update(self, golden: np.ndarray, target: np.ndarray) -> None:
+        g = np.ravel(golden)
+        t = np.ravel(target)
+        if g.dtype.kind == "c" or t.dtype.kind == "c":  # compare (re, im) as a real vector
+            g = np.ravel(g.astype(np.complex128).view(np.float64))
+            t = np.ravel(t.astype(np.complex128).view(np.float64))
+        if g.size != t.size:
+            raise ValueError(f"chunk sizes differ: {g.size} vs {t.size}")
+        if g.size == 0:
+            return
+        if len(self._g) < min(g.size, self._block):
+            size = min(max(g.size, 1024), self._block)
+            self._g, self._t = np.empty(size), np.empty(size)
+            self._b = np.empty(size, dtype=bool)
+        self.n += g.size
+        if _same_bytes(g, t):
+            self._identical(g)
+            return
+        if self.exact:
+            self.equal += int(np.count_nonzero(g == t))
+        step = self._block
+        for start in range(0, g.size, step):
+            self._float_block(g[start : start + step], t[start : start + step], checked=False)
+
+    def _identical(self, g: np.ndarray) -> None:
+        """Byte-identical chunk: no error terms, only ‖g‖² and the NaN/Inf counts."""
+        step = self._block
+        gg = 0.0
+        for start in range(0, g.size, step):
+            part = g[start : start + step]
+            buf = self._g[: part.size]
+            np.copyto(buf, part, casting="unsafe")
+            gg += float(buf @ buf)
+        finite = g.size
+        if not math.isfinite(gg) and g.dtype.kind in "fc":
+            fin = np.isfinite(g)
+            finite = int(np.count_nonzero(fin))
+            nan = int(np.count_nonzero(np.isnan(g)))
+            self.nan_g += nan
+            self.nan_t += nan
+            self.inf_g += g.size - finite - nan
+            self.inf_t += g.size - finite - nan
+            masked = np.where(fin, g, 0).astype(np.float64)
+            gg = float(masked @ masked)
+        self.gg += gg
+        self.tt += gg
+        self.n_finite += finite
+        self.c1 += finite
+        self.c5 += finite
+        self.equal += g.size
+
+    def _float_block(self, gb: np.ndarray, tb: np.ndarray, *, checked: bool) -> None:
+        m = gb.size
+        g, t, b = self._g[:m], self._t[:m], self._b[:m]
+        np.copyto(g, gb, casting="unsafe")
+        np.copyto(t, tb, casting="unsafe")
+        gg = float(g @ g)
+        tt = float(t @ t)
+        if not checked and not (math.isfinite(gg) and math.isfinite(tt)):
+            self._nonfinite_block(gb, tb)
+            return
+        self.gg += gg
+        self.tt += tt
+        self.n_finite += m
+        np.subtract(t, g, out=t)  # t holds d = t - g from here on
+        self.dd += float(t @ t)
+        np.abs(t, out=t)
+        self.max_abs = max(self.max_abs, float(t.max()))
+        self.sum_abs += float(t.sum())
+        np.abs(g, out=g)
+        np.maximum(g, self.rel_floor, out=g)
+        np.divide(t, g, out=g)  # g holds the relative error
+        self.max_rel = max(self.max_rel, float(g.max()))
+        self.sum_rel += float(g.sum())
+        np.less(g, 1e-3, out=b)
+        self.c1 += int(np.count_nonzero(b))
+        np.less(g, 5e-3, out=b)
+        self.c5 += int(np.count_nonzero(b))
+
+    def _nonfinite_block(self, gb: np.ndarray, tb: np.ndarray) -> None:
+        """Count NaN/Inf per side, compare their positions, then measure the finite rest."""
+        fg = np.isfinite(gb)
+        ft = np.isfinite(tb)
+        nan_g = np.isnan(gb)
+        nan_t = np.isnan(tb)
+        self.nan_g += int(np.count_nonzero(nan_g))
+        self.nan_t += int(np.count_nonzero(nan_t))
+        self.inf_g += gb.size - int(np.count_nonzero(fg)) - int(np.count_nonzero(nan_g))
+        self.inf_t += tb.size - int(np.count_nonzero(ft)) - int(np.count_nonzero(nan_t))
+        both_bad = ~fg & ~ft
+        same_bad = both_bad & ((nan_g & nan_t) | (gb == tb))  # +inf==+inf, -inf==-inf
+        self.mismatch += int(np.count_nonzero(fg != ft)) + int(
+            np.count_nonzero(both_bad) - np.count_nonzero(same_bad)
+        )
+        both = fg & ft
+        if both.any():
+            self._float_block(gb[both], tb[both], checked=True)
+
+    # -- reading -------------------------------------------------------------------------
+    def result(self) -> dict[str, float]:
+        nf = self.n_finite
+        ng, nt = math.sqrt(self.gg), math.sqrt(self.tt)
+        if ng == 0.0 and nt == 0.0:
+            cos = 1.0
+        elif ng == 0.0 or nt == 0.0:
+            cos = 0.0
+        else:
+            one_minus = (self.dd - (ng - nt) ** 2) / (2.0 * ng * nt)
+            cos = 1.0 - min(max(one_minus, 0.0), 2.0)
+        nd = math.sqrt(self.dd)
+        red = nd / ng if ng > 0.0 else (math.inf if nd > 0.0 else 0.0)
+        out = {
+            COSINE: cos,
+            MAX_REL: self.max_rel,
+            MEAN_REL: self.sum_rel / nf if nf else 0.0,
+            MAX_ABS: self.max_abs,
+            MEAN_ABS: self.sum_abs / nf if nf else 0.0,
+            RED: red,
+            ONE_THOUSANDTH: self.c1 / nf if nf else 1.0,
+            FIVE_THOUSANDTHS: self.c5 / nf if nf else 1.0,
+            NAN_MISMATCH: float(self.mismatch),
+            NAN_GOLDEN: float(self.nan_g),
+            NAN_TARGET: float(self.nan_t),
+            INF_GOLDEN: float(self.inf_g),
+            INF_TARGET: float(self.inf_t),
+        }
+        if self.exact:
+            out[EXACT] = self.equal / self.n if self.n else 1.0
+        return out
+
+
+def _same_bytes(g: np.ndarray, t: np.ndarray) -> bool:
+    """True when both chunks hold the same dtype and byte-identical payloads."""
+    if g.dtype != t.dtype or not (g.flags.c_contiguous and t.flags.c_contiguous):
+        return False
+    view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(g.dtype.itemsize)
+    if view is None:
+        return False
+    gv, tv = g.view(view), t.view(view)
+    head = min(gv.size, 256)  # cheap early exit: differing pairs usually differ at once
+    return bool(np.array_equal(gv[:head], tv[:head]) and np.array_equal(gv, tv))
+
+
+def paired_chunks(
+    golden: Iterable[np.ndarray], target: Iterable[np.ndarray]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Zip two chunk streams of the same total length into equal-length chunk pairs.
+
+    The two readers may cut their streams differently (NZ un-blocking, strided views); this
+    re-slices without copying more than the current chunks. A length difference raises.
+    """
+    it_g, it_t = iter(golden), iter(target)
+    g = t = np.empty(0)
+    while True:
+        if g.size == 0:
+            g = _next_nonempty(it_g)
+        if t.size == 0:
+            t = _next_nonempty(it_t)
+        if g.size == 0 or t.size == 0:
+            if g.size or t.size:
+                raise ValueError("golden and target streams have different lengths")
+            return
+        m = min(g.size, t.size)
+        yield g[:m], t[:m]
+        g, t = g[m:], t[m:]
+
+
+def _next_nonempty(chunks: Iterator[np.ndarray]) -> np.ndarray:
+    for chunk in chunks:
+        if chunk.size:
+            return np.ravel(chunk)
+    return np.empty(0)
+
+
+def to_numpy(value: Any) -> tuple[np.ndarray, str]:
+    """(numpy array, original dtype name) for a numpy array or torch tensor.
+
+    torch is never imported here: a tensor is recognised by its type's module, detached,
+    moved to the CPU, and widened to float32 when numpy has no such dtype (bf16, fp8).
+    """
+    if isinstance(value, np.ndarray):
+        return value, value.dtype.name
+    if type(value).__module__.split(".")[0] == "torch":
+        tensor = value.detach().cpu()
+        name = str(tensor.dtype).removeprefix("torch.")
+        if name == "bfloat16" or name.startswith("float8"):
+            tensor = tensor.float()
+        return tensor.numpy(), name
+    array = np.asarray(value)
+    return array, array.dtype.name
+
+
+def compare_arrays(
+    golden: Any,
+    target: Any,
+    *,
+    logits: bool = False,
+    vocab_axis: int = -1,
+    rel_floor: float | None = None,
+    topk: int | None = None,
+    chunk_elems: int = 1 << 22,
+) -> dict[str, float]:
+    """All metrics of an in-memory pair (numpy arrays or torch tensors of the same shape).
+
+    ``rel_floor``/``topk`` default to the packaged thresholds for the pair's dtype class.
+    A shape mismatch raises :class:`LayerwatchError` (``compare_pair`` turns it into an
+    ERROR verdict).
+    """
+    from .logits import logits_metrics
+    from .thresholds import Thresholds, dtype_class
+
+    g, g_dtype = to_numpy(golden)
+    t, t_dtype = to_numpy(target)
+    if g.shape != t.shape:
+        raise LayerwatchError(f"shape mismatch: golden {list(g.shape)} vs target {list(t.shape)}")
+    defaults = Thresholds.default()
+    floor = defaults.floor(g_dtype, t_dtype) if rel_floor is None else rel_floor
+    exact = dtype_class(g_dtype) == dtype_class(t_dtype) == "int"
+    acc = MetricAccumulator(floor, exact=exact)
+    gf, tf = np.ravel(g), np.ravel(t)
+    for start in range(0, gf.size, chunk_elems):
+        acc.update(gf[start : start + chunk_elems], tf[start : start + chunk_elems])
+    out = acc.result()
+    if logits and g.ndim:
+        out.update(logits_metrics(g, t, vocab_axis=vocab_axis, k=topk or defaults.topk))
+    return out

@@ -1,0 +1,149 @@
+"""The streaming accumulator equals a plain one-shot float64 reference, for any chunking."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from layerwatch.engine.metrics import MetricAccumulator, paired_chunks
+from layerwatch.engine.records import (
+    COSINE,
+    FIVE_THOUSANDTHS,
+    INF_GOLDEN,
+    INF_TARGET,
+    MAX_ABS,
+    MAX_REL,
+    MEAN_ABS,
+    MEAN_REL,
+    NAN_GOLDEN,
+    NAN_MISMATCH,
+    NAN_TARGET,
+    ONE_THOUSANDTH,
+    RED,
+)
+
+FLOOR = 1e-6
+
+
+def reference(golden: np.ndarray, target: np.ndarray, floor: float) -> dict[str, float]:
+    """The definitions, written the obvious way on whole float64 arrays."""
+    g = golden.astype(np.float64).ravel()
+    t = target.astype(np.float64).ravel()
+
+    def kind(x: np.ndarray) -> np.ndarray:
+        return np.select([np.isnan(x), x == np.inf, x == -np.inf], [1, 2, 3], 0)
+
+    both = np.isfinite(g) & np.isfinite(t)
+    out = {
+        NAN_MISMATCH: float(np.sum(kind(g) != kind(t))),
+        NAN_GOLDEN: float(np.isnan(g).sum()),
+        NAN_TARGET: float(np.isnan(t).sum()),
+        INF_GOLDEN: float(np.isinf(g).sum()),
+        INF_TARGET: float(np.isinf(t).sum()),
+    }
+    g, t = g[both], t[both]
+    ng, nt = np.linalg.norm(g), np.linalg.norm(t)
+    if ng == 0 and nt == 0:
+        cos = 1.0
+    elif ng == 0 or nt == 0:
+        cos = 0.0
+    else:
+        cos = float(np.dot(g, t) / (ng * nt))
+    d = np.abs(t - g)
+    rel = d / np.maximum(np.abs(g), floor)
+    nd = np.linalg.norm(t - g)
+    n = g.size
+    out |= {
+        COSINE: cos,
+        RED: float(nd / ng) if ng else (math.inf if nd else 0.0),
+        MAX_ABS: float(d.max()) if n else 0.0,
+        MEAN_ABS: float(d.mean()) if n else 0.0,
+        MAX_REL: float(rel.max()) if n else 0.0,
+        MEAN_REL: float(rel.mean()) if n else 0.0,
+        ONE_THOUSANDTH: float(np.mean(rel < 1e-3)) if n else 1.0,
+        FIVE_THOUSANDTHS: float(np.mean(rel < 5e-3)) if n else 1.0,
+    }
+    return out
+
+
+def streamed(golden, target, cuts_g, cuts_t, block) -> dict[str, float]:
+    acc = MetricAccumulator(FLOOR, block=block)
+    chunks_g = np.split(golden.ravel(), sorted(cuts_g))
+    chunks_t = np.split(target.ravel(), sorted(cuts_t))
+    for g, t in paired_chunks(chunks_g, chunks_t):
+        acc.update(g, t)
+    return acc.result()
+
+
+def assert_close(got: dict[str, float], want: dict[str, float]) -> None:
+    for name, value in want.items():
+        if name == COSINE:
+            assert math.isclose(got[name], value, rel_tol=0, abs_tol=1e-12), (
+                name,
+                got[name],
+                value,
+            )
+        elif math.isinf(value):
+            assert got[name] == value, name
+        else:
+            assert math.isclose(got[name], value, rel_tol=1e-9, abs_tol=1e-300), (
+                name,
+                got[name],
+                value,
+            )
+
+
+@st.composite
+def pairs(draw):
+    n = draw(st.integers(0, 300))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.float16]))
+    scale = 10.0 ** draw(st.integers(-8, 4))
+    golden = (rng.standard_normal(n) * scale).astype(dtype)
+    mode = draw(st.sampled_from(["noise", "same", "zero_golden", "scaled", "sparse"]))
+    if mode == "noise":
+        target = (golden * (1 + rng.standard_normal(n) * 10.0 ** draw(st.integers(-7, -1)))).astype(
+            dtype
+        )
+    elif mode == "same":
+        target = golden.copy()
+    elif mode == "zero_golden":
+        golden[:] = 0
+        target = (rng.standard_normal(n) * scale).astype(dtype)
+    elif mode == "scaled":
+        target = (golden * 2).astype(dtype)
+    else:
+        target = golden.copy()
+        target[rng.random(n) < 0.1] = 0
+    for arr in (golden, target):
+        if n and draw(st.booleans()):
+            idx = rng.integers(0, n, size=draw(st.integers(1, 4)))
+            arr[idx] = rng.choice([np.nan, np.inf, -np.inf], size=idx.size)
+    cuts_g = draw(st.lists(st.integers(0, n), max_size=5))
+    cuts_t = draw(st.lists(st.integers(0, n), max_size=5))
+    block = draw(st.sampled_from([1, 3, 16, 64, 1 << 15]))
+    return golden, target, cuts_g, cuts_t, block
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs())
+def test_streaming_equals_one_shot_reference(case) -> None:
+    golden, target, cuts_g, cuts_t, block = case
+    assert_close(streamed(golden, target, cuts_g, cuts_t, block), reference(golden, target, FLOOR))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 2000), st.integers(0, 2**32 - 1), st.sampled_from([7, 100, 4096]))
+def test_chunking_never_changes_the_result(n, seed, step) -> None:
+    rng = np.random.default_rng(seed)
+    golden = rng.standard_normal(n).astype(np.float32)
+    target = (golden + rng.standard_normal(n).astype(np.float32) * 1e-3).astype(np.float32)
+    one = MetricAccumulator(FLOOR)
+    one.update(golden, target)
+    many = MetricAccumulator(FLOOR, block=step)
+    for start in range(0, n, step):
+        many.update(golden[start : start + step], target[start : start + step])
+    assert_close(many.result(), one.result())
