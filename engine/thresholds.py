@@ -1,0 +1,401 @@
+"""Thresholds: which metric values pass, per dtype class, with per-node overrides.
+
+The limits live in one documented TOML file, ``engine/thresholds.toml`` (packaged); a user
+file given with ``--thresholds`` overlays it key by key (unknown keys are an error naming
+the key). A metric listed for a class *gates* the verdict; every other metric is
+informational (reported, never fails a pair). The thresholds file says why each number is
+what it is (the calibration measurements).
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import functools
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from layerwatch.capture.errors import LayerwatchError
+
+from .records import (
+    COSINE,
+    EXACT,
+    FIVE_THOUSANDTHS,
+    HIGHER_IS_BETTER,
+    INF_GOLDEN,
+    INF_TARGET,
+    KL,
+    MARGIN,
+    MAX_ABS,
+    MAX_REL,
+    MEAN_ABS,
+    MEAN_REL,
+    NAN_GOLDEN,
+    NAN_MISMATCH,
+    NAN_TARGET,
+    ONE_THOUSANDTH,
+    RED,
+    STAT_METRICS,
+    TOP1,
+    TOPK,
+    Verdict,
+)
+from .seam import MetricCheck
+
+CLASSES = ("int", "fp32", "fp16", "bf16")
+"""Dtype classes from strictest to loosest; a pair is judged by the looser of its two sides."""
+CLASS_LABEL = {"int": "integer", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+TENSOR_METRICS = frozenset(
+    {COSINE, MAX_REL, MEAN_REL, MAX_ABS, MEAN_ABS, RED, ONE_THOUSANDTH, FIVE_THOUSANDTHS}
+    | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET, EXACT}
+)
+LOGIT_METRICS = frozenset({KL, TOP1, TOPK, MARGIN})
+HIGHER = HIGHER_IS_BETTER - {MARGIN} | {EXACT}
+"""Metrics where a larger value is better (the rest: smaller is better)."""
+LABEL = {COSINE: "cosine", NAN_MISMATCH: "NaN/Inf mismatch"}
+
+
+def dtype_class(dtype: str) -> str:
+    """``int``/``fp32``/``fp16``/``bf16`` for a dtype name from any reader or framework."""
+    name = dtype.lower().removeprefix("torch.").removeprefix("dt_").removeprefix("acl_")
+    if "bf16" in name or "bfloat16" in name or "float8" in name or "fp8" in name:
+        return "bf16"  # fp8 has no class of its own yet: the loosest float limits apply
+    if name in ("float16", "fp16", "half", "f16"):
+        return "fp16"
+    if name.startswith(("int", "uint", "bool", "long", "short", "char", "byte")):
+        return "int"
+    return "fp32"
+
+
+def looser(golden_dtype: str, target_dtype: str) -> str:
+    return max(dtype_class(golden_dtype), dtype_class(target_dtype), key=CLASSES.index)
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """Limits for nodes matching a glob (later overrides win)."""
+
+    node: str
+    tensor: str = "*"
+    dtype: str | None = None
+    logits: bool | None = None
+    limits: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Thresholds:
+    """Parsed thresholds. Plain data: picklable for worker processes."""
+
+    floors: dict[str, float]
+    limits: dict[str, dict[str, float | None]]
+    logits: dict[str, dict[str, float | None]]
+    statistics: dict[str, dict[str, float | None]]
+    overrides: list[Override]
+    topk: int = 5
+    source: str = "defaults"
+
+    # -- loading -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | None = None) -> Thresholds:
+        """The packaged defaults, overlaid with the user's TOML file at ``path`` if given."""
+        raw = copy.deepcopy(_default_raw())
+        if path is None:
+            return _parse(raw, "defaults")
+        try:
+            with open(path, "rb") as fh:
+                user = tomllib.load(fh)
+        except OSError as exc:
+            raise LayerwatchError(f"cannot read thresholds file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise LayerwatchError(f"thresholds file {path} is not valid TOML: {exc}") from None
+        _validate(user, path)
+        for key, value in user.items():
+            if key == "override":
+                raw.setdefault("override", []).extend(value)
+            elif isinstance(value, dict):
+                _merge(raw.setdefault(key, {}), value)
+            else:
+                raw[key] = value
+        return _parse(raw, path)
+
+    @classmethod
+    def default(cls) -> Thresholds:
+        return _default()
+
+    # -- lookups -------------------------------------------------------------------------
+    def floor(self, golden_dtype: str, target_dtype: str) -> float:
+        """Small-value floor of the relative error for this pair's dtype class."""
+        return self.floors[looser(golden_dtype, target_dtype)]
+
+    def limits_for(
+        self,
+        *,
+        node: str,
+        golden_dtype: str,
+        target_dtype: str,
+        is_logits: bool = False,
+        stem: str = "",
+        statistics: bool = False,
+    ) -> tuple[str, dict[str, float], dict[str, str]]:
+        """(dtype class, gating metric → limit, metric → the override glob that set it)."""
+        klass = looser(golden_dtype, target_dtype)
+        if statistics:
+            limits = dict(self.statistics.get(klass, {}))
+        else:
+            limits = dict(self.limits.get(klass, {}))
+            if is_logits:
+                limits.update(self.logits.get(klass, {}))
+        origin: dict[str, str] = {}
+        for ov in self.overrides:
+            if (
+                fnmatch.fnmatchcase(node, ov.node)
+                and fnmatch.fnmatchcase(stem or "output", ov.tensor)
+                and ov.dtype in (None, klass)
+                and ov.logits in (None, is_logits)
+            ):
+                limits.update(ov.limits)
+                origin.update(dict.fromkeys(ov.limits, ov.node))
+        return klass, {k: v for k, v in limits.items() if v is not None}, origin
+
+    # -- judging -------------------------------------------------------------------------
+    def checks(
+        self,
+        metrics: dict[str, float],
+        *,
+        node: str,
+        golden_dtype: str,
+        target_dtype: str,
+        is_logits: bool = False,
+        stem: str = "",
+    ) -> list[MetricCheck]:
+        """Every metric in ``metrics`` against its limit (``limit=None``: informational)."""
+        statistics = any(name in metrics for name in STAT_METRICS)
+        _, limits, _ = self.limits_for(
+            node=node,
+            golden_dtype=golden_dtype,
+            target_dtype=target_dtype,
+            is_logits=is_logits,
+            stem=stem,
+            statistics=statistics,
+        )
+        out = []
+        for name, value in metrics.items():
+            limit = limits.get(name)
+            op = ">=" if name in HIGHER else "<="
+            passed = True if limit is None else _within(name, value, limit, metrics, limits)
+            out.append(MetricCheck(name, value, limit, op, passed))
+        return out
+
+    def judge(
+        self,
+        metrics: dict[str, float],
+        *,
+        node: str,
+        golden_dtype: str,
+        target_dtype: str,
+        is_logits: bool = False,
+        stem: str = "",
+    ) -> tuple[Verdict, tuple[str, ...], str]:
+        """(verdict, failed metric names, one readable line saying why)."""
+        statistics = any(name in metrics for name in STAT_METRICS)
+        klass, limits, origin = self.limits_for(
+            node=node,
+            golden_dtype=golden_dtype,
+            target_dtype=target_dtype,
+            is_logits=is_logits,
+            stem=stem,
+            statistics=statistics,
+        )
+        failed = [
+            name
+            for name, limit in limits.items()
+            if name in metrics and not _within(name, metrics[name], limit, metrics, limits)
+        ]
+        if not failed:
+            return Verdict.PASS, (), ""
+        parts = [_describe(name, metrics, limits) for name in failed if name != MARGIN]
+        label = CLASS_LABEL[klass] + (" logits" if is_logits else "")
+        label += " statistics limits" if statistics else " limits"
+        for glob in dict.fromkeys(origin[name] for name in failed if name in origin):
+            label += f", override {glob}"
+        return Verdict.FAIL, tuple(failed), f"{' and '.join(parts)} ({label})"
+
+
+def _within(
+    name: str,
+    value: float,
+    limit: float,
+    metrics: dict[str, float],
+    limits: dict[str, float | None],
+) -> bool:
+    if name in (TOP1, MARGIN):
+        # A top-1 flip fails only when the golden run was confident about the row it flipped.
+        top1_ok = metrics.get(TOP1, 1.0) >= limits.get(TOP1, 0.0)
+        margin_limit = limits.get(MARGIN)
+        margin_ok = margin_limit is None or metrics.get(MARGIN, 0.0) <= margin_limit
+        return top1_ok or (margin_ok and MARGIN in limits)
+    if name in HIGHER:
+        if name == COSINE:  # judge on 1 - cos so the comparison keeps its digits
+            return (1.0 - value) <= (1.0 - limit)
+        return value >= limit
+    return value <= limit  # NaN fails both ways
+
+
+def _describe(name: str, metrics: dict[str, float], limits: dict[str, float | None]) -> str:
+    value = metrics[name]
+    if name == NAN_MISMATCH:
+        nan_g, inf_g = int(metrics.get(NAN_GOLDEN, 0)), int(metrics.get(INF_GOLDEN, 0))
+        nan_t, inf_t = int(metrics.get(NAN_TARGET, 0)), int(metrics.get(INF_TARGET, 0))
+        if nan_g + inf_g == 0:
+            return f"target has {nan_t} NaN and {inf_t} Inf where golden is finite"
+        return (
+            f"NaN/Inf positions differ at {int(value)} elements "
+            f"(golden {nan_g} NaN {inf_g} Inf, target {nan_t} NaN {inf_t} Inf)"
+        )
+    if name == TOP1:
+        margin = metrics.get(MARGIN, math.nan)
+        text = f"top-1 agreement {fmt_value(name, value)} < {limits[name]:g}"
+        if MARGIN in limits:
+            text += f" with golden top-2 margin {margin:.3g} > {limits[MARGIN]:g}"
+        return text
+    op = "<" if name in HIGHER else ">"
+    return f"{LABEL.get(name, name)} {fmt_value(name, value)} {op} {limits[name]:g}"
+
+
+def fmt_value(name: str, value: float) -> str:
+    """A metric value with the digits that matter: 0.99871 and 0.999994 stay apart."""
+    if name in HIGHER and 0.0 < 1.0 - value < 1.0:
+        digits = max(4, math.ceil(-math.log10(1.0 - value)) + 2)
+        return f"{value:.{digits}f}".rstrip("0")
+    if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.3g}"
+
+
+# -- TOML ------------------------------------------------------------------------------------
+@functools.cache
+def _default_raw() -> dict[str, Any]:
+    text = resources.files(__package__).joinpath("thresholds.toml").read_text(encoding="utf-8")
+    raw = tomllib.loads(text)
+    _validate(raw, "thresholds.toml")
+    return raw
+
+
+@functools.cache
+def _default() -> Thresholds:
+    return Thresholds.load()
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _limit(value: Any) -> float | None:
+    return None if value is False else float(value)
+
+
+def _parse(raw: dict[str, Any], source: str) -> Thresholds:
+    logits = raw.get("logits", {})
+    return Thresholds(
+        floors={k: float(v) for k, v in raw.get("floor", {}).items()},
+        limits={c: {m: _limit(v) for m, v in t.items()} for c, t in raw.get("limits", {}).items()},
+        logits={c: {m: _limit(v) for m, v in t.items()} for c, t in logits.items() if c in CLASSES},
+        statistics={
+            c: {m: _limit(v) for m, v in t.items()} for c, t in raw.get("statistics", {}).items()
+        },
+        overrides=[
+            Override(
+                node=ov["node"],
+                tensor=ov.get("tensor", "*"),
+                dtype=ov.get("dtype"),
+                logits=ov.get("logits"),
+                limits={m: _limit(v) for m, v in ov.items() if m not in _OVERRIDE_KEYS},
+            )
+            for ov in raw.get("override", [])
+        ],
+        topk=int(logits.get("topk", 5)),
+        source=source,
+    )
+
+
+_OVERRIDE_KEYS = frozenset({"node", "tensor", "dtype", "logits"})
+_SECTION_METRICS = {
+    "limits": TENSOR_METRICS,
+    "logits": TENSOR_METRICS | LOGIT_METRICS,
+    "statistics": frozenset(STAT_METRICS)
+    | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET},
+}
+_ALL_METRICS = TENSOR_METRICS | LOGIT_METRICS | _SECTION_METRICS["statistics"]
+
+
+def _validate(raw: dict[str, Any], path: str) -> None:
+    """Reject unknown keys and malformed values with a one-line message naming the key."""
+
+    def bad(key: str, why: str = "unknown key") -> LayerwatchError:
+        return LayerwatchError(f"thresholds file {path}: {why} '{key}'")
+
+    def check_limit(key: str, value: Any) -> None:
+        if value is not False and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise bad(key, "expected a number or false for")
+
+    for key, value in raw.items():
+        if key == "version":
+            continue
+        if key == "floor":
+            for cls, v in _table(value, key, bad).items():
+                if cls not in CLASSES:
+                    raise bad(f"floor.{cls}")
+                if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                    raise bad(f"floor.{cls}", "expected a positive number for")
+        elif key in _SECTION_METRICS:
+            for cls, table in _table(value, key, bad).items():
+                if key == "logits" and cls == "topk":
+                    if isinstance(table, bool) or not isinstance(table, int) or table < 1:
+                        raise bad("logits.topk", "expected a positive integer for")
+                    continue
+                if cls not in CLASSES:
+                    raise bad(f"{key}.{cls}")
+                for metric, v in _table(table, f"{key}.{cls}", bad).items():
+                    if metric not in _SECTION_METRICS[key]:
+                        raise bad(f"{key}.{cls}.{metric}")
+                    check_limit(f"{key}.{cls}.{metric}", v)
+        elif key == "override":
+            if not isinstance(value, list):
+                raise bad("override", "expected [[override]] tables for")
+            for i, ov in enumerate(value):
+                where = f"override[{i}]"
+                if not isinstance(ov, dict) or not isinstance(ov.get("node"), str):
+                    raise bad(f"{where}.node", "missing or non-string")
+                for metric, v in ov.items():
+                    if metric in ("node", "tensor"):
+                        if not isinstance(v, str):
+                            raise bad(f"{where}.{metric}", "expected a string for")
+                    elif metric == "dtype":
+                        if v not in CLASSES:
+                            raise bad(f"{where}.dtype", f"expected one of {', '.join(CLASSES)} for")
+                    elif metric == "logits":
+                        if not isinstance(v, bool):
+                            raise bad(f"{where}.logits", "expected true/false for")
+                    elif metric not in _ALL_METRICS:
+                        raise bad(f"{where}.{metric}")
+                    else:
+                        check_limit(f"{where}.{metric}", v)
+        else:
+            raise bad(key)
+
+
+def _table(value: Any, key: str, bad: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad(key, "expected a table for")
+    return value
