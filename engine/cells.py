@@ -1,0 +1,72 @@
+"""One grid cell (token × block) from the pairs inside it: the worst of everything.
+
+A block's value is the worst over every tensor inside it — inner operators included — so a
+fault that a residual add hides at the layer output (msit measured: layer cos 0.99994, its mlp
+0.9987) still colours the layer's cell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from .records import GRID_METRICS, HIGHER_IS_BETTER, NAN_MISMATCH, PairResult, Verdict
+from .seam import CellState, CellUpdate
+
+_STATE = {
+    Verdict.PASS: CellState.PASS,
+    Verdict.FAIL: CellState.FAIL,
+    Verdict.DIVERGED: CellState.DIVERGED,
+    Verdict.ERROR: CellState.ERROR,
+    Verdict.UNPAIRED: CellState.EMPTY,
+}
+_LOWER_IS_WORSE = tuple(name in HIGHER_IS_BETTER for name in GRID_METRICS)
+
+
+def state_of(result: PairResult) -> CellState:
+    """Cell state one compared pair contributes (NaN/Inf where the golden has none → NONFINITE)."""
+    state = _STATE[result.verdict]
+    if state is CellState.FAIL and result.metrics.get(NAN_MISMATCH, 0.0) > 0:
+        return CellState.NONFINITE
+    return state
+
+
+def is_failure(result: PairResult) -> bool:
+    """Counts against the run: out of threshold or not comparable. Diverged pairs never do."""
+    return result.verdict is Verdict.FAIL or result.verdict is Verdict.ERROR
+
+
+def aggregate(
+    token: int, block: int, results: Iterable[PairResult], waiting: int = 0, first_bad: bool = False
+) -> CellUpdate:
+    """The cell's state (worst :class:`CellState`), worst grid metrics, and counts."""
+    state = CellState.WAITING if waiting else CellState.EMPTY
+    worst = [math.nan] * len(GRID_METRICS)
+    pairs = failed = 0
+    for result in results:
+        s = state_of(result)
+        if s is CellState.EMPTY:
+            continue
+        pairs += 1
+        if s > state:
+            state = s
+        if is_failure(result):
+            failed += 1
+        metrics = result.metrics
+        for i, name in enumerate(GRID_METRICS):
+            value = metrics.get(name)
+            if value is None or value != value:
+                continue
+            current = worst[i]
+            if current != current or (value < current if _LOWER_IS_WORSE[i] else value > current):
+                worst[i] = float(value)
+    return CellUpdate(token, block, state, tuple(worst), pairs, failed, first_bad)
+
+
+def same_cell(a: CellUpdate | None, b: CellUpdate) -> bool:
+    """Equality that treats NaN == NaN (dataclass equality does not)."""
+    if a is None:
+        return False
+    if (a.state, a.pairs, a.failed, a.first_bad) != (b.state, b.pairs, b.failed, b.first_bad):
+        return False
+    return all(x == y or (x != x and y != y) for x, y in zip(a.worst, b.worst, strict=True))

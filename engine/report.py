@@ -1,0 +1,224 @@
+"""Reports of a finished (or live) comparison: msit-compatible CSV, the ``--json`` object, words.
+
+CSV: msit's 24 columns in msit's order (``CSV_GOLDEN_HEADER``; dtypes written as msit writes
+them, ``torch.float32``; shapes as ``[1, 16, 256]``), then ours: ``verdict, failed_metrics,
+reason, node_type, exec_order``. Rows in report order (token, then execution order); a metric
+that does not apply, or a statistic the dump did not record, is an empty cell. Unlike msit,
+pairs that could not be compared (shape mismatch, unreadable) and unpaired tensors stay in the
+report, with the reason.
+
+JSON (``layerwatch compare --json``; keep these names stable)::
+
+    {"summary": {"pairs", "pass", "fail", "diverged", "unpaired", "error"},
+     "first_failure": null | {"token", "node", "tensor", "verdict", "failed_metrics", "metrics"},
+     "root_cause": null | (same shape),
+     "first_bad_token": int | null,
+     "rows": [{"token", "node", "tensor", "verdict", "metrics", "reason"}, ...]}
+
+``summary.pairs`` counts compared pairs (pass + fail + diverged + error); unpaired tensors are
+counted apart. Non-finite metric values (an infinite relative error) are written as ``null``
+so the output stays strict JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from .records import COSINE, MSIT_METRICS, PairResult, TensorRecord
+from .seam import BlockInfo, Finding, Summary
+
+MSIT_COLUMNS = (
+    "token_id",
+    "data_id",
+    "golden_data_path",
+    "golden_op_type",
+    "golden_dtype",
+    "golden_shape",
+    "golden_max_value",
+    "golden_min_value",
+    "golden_mean_value",
+    "my_data_path",
+    "my_op_type",
+    "my_dtype",
+    "my_shape",
+    "my_max_value",
+    "my_min_value",
+    "my_mean_value",
+    *MSIT_METRICS,
+    "cmp_fail_reason",
+)
+"""msit 8.2.0 ``CSV_GOLDEN_HEADER``, in its order."""
+OUR_COLUMNS = ("verdict", "failed_metrics", "reason", "node_type", "exec_order")
+CSV_COLUMNS = MSIT_COLUMNS + OUR_COLUMNS
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return ""
+    return repr(float(value))
+
+
+def _side(record: TensorRecord | None) -> list[str]:
+    if record is None:
+        return [""] * 7
+    stats = record.stats
+    dtype = record.dtype if record.dtype.startswith("torch.") else f"torch.{record.dtype}"
+    return [
+        record.source or (record.loc.path if record.loc else ""),
+        record.node_type,
+        dtype,
+        str(list(record.shape)),
+        _num(stats.max) if stats else "",
+        _num(stats.min) if stats else "",
+        _num(stats.mean) if stats else "",
+    ]
+
+
+def csv_row(result: PairResult, data_id: int) -> list[str]:
+    metrics = result.metrics
+    verdict = result.verdict.value
+    fail_reason = result.reason if verdict in ("error", "unpaired") else ""
+    return [
+        str(result.key.token),
+        str(data_id),
+        *_side(result.golden),
+        *_side(result.target),
+        *(_num(metrics.get(name)) for name in MSIT_METRICS),
+        fail_reason,
+        verdict,
+        ";".join(result.failed),
+        result.reason,
+        result.node_type,
+        str(result.order),
+    ]
+
+
+def write_csv(results: Iterable[PairResult], out: TextIO) -> int:
+    """Write the header and one row per result; returns the number of rows."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    rows = 0
+    for rows, result in enumerate(results, 1):
+        writer.writerow(csv_row(result, rows - 1))
+    return rows
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def json_report(
+    results: Sequence[PairResult],
+    summary: Summary,
+    first_failure: Finding | None,
+    root_cause: Finding | None,
+    first_bad_token: int | None,
+) -> dict[str, Any]:
+    """The ``--json`` object (module docstring)."""
+    return _clean(
+        {
+            "summary": summary.to_json(),
+            "first_failure": first_failure.to_json() if first_failure else None,
+            "root_cause": root_cause.to_json() if root_cause else None,
+            "first_bad_token": first_bad_token,
+            "rows": [r.to_json() for r in results],
+        }
+    )
+
+
+def dumps_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, allow_nan=False, separators=(",", ":"))
+
+
+def export(path: str | Path, session: Any) -> str:
+    """Write ``session``'s report to ``path``: ``.json`` → the JSON object, else CSV. Returns the path."""
+    target = Path(path)
+    results = session.results()
+    if target.suffix.lower() == ".json":
+        text = dumps_json(
+            json_report(
+                results,
+                session.summary,
+                session.first_failure,
+                session.root_cause,
+                session.first_bad_token,
+            )
+        )
+    else:
+        buffer = io.StringIO()
+        write_csv(results, buffer)
+        text = buffer.getvalue()
+    tmp = target.with_name(f".tmp-{target.name}")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(target)
+    return str(target)
+
+
+# --- words ---------------------------------------------------------------------------------
+def _where(finding: Finding, block: BlockInfo | None) -> list[str]:
+    if block is None:
+        return [finding.node]
+    parts = [f"layer {block.label.removeprefix('L')}"] if block.kind == "layer" else [block.label]
+    if finding.node.startswith(block.node + "."):
+        parts.append(finding.node[len(block.node) + 1 :])
+    elif finding.node != block.node:
+        parts.append(finding.node)
+    return parts
+
+
+def _value(finding: Finding) -> str:
+    names = list(finding.failed_metrics) or ([COSINE] if COSINE in finding.metrics else [])
+    for name in names:
+        value = finding.metrics.get(name)
+        if value is not None:
+            label = "cos" if name == COSINE else name
+            return f"{label} {value:.4g}" if math.isfinite(value) else f"{label} {value}"
+    return finding.verdict.value
+
+
+def finding_words(finding: Finding, blocks: Sequence[BlockInfo] = ()) -> str:
+    """``token 3 · layer 2 · self_attn.o_proj · cos 0.912`` (the stem when it is not ``output``)."""
+    block = blocks[finding.block] if 0 <= finding.block < len(blocks) else None
+    parts = [f"token {finding.token}", *_where(finding, block)]
+    if finding.stem != "output":
+        parts.append(finding.stem)
+    parts.append(_value(finding))
+    return " · ".join(parts)
+
+
+def summary_text(session: Any) -> str:
+    """The short human summary ``layerwatch compare`` prints without ``-o``/``--json``."""
+    s: Summary = session.summary
+    blocks = session.blocks()
+    lines = []
+    bad = session.first_bad_token
+    lines.append(f"first bad token: {bad if bad is not None else 'none'}")
+    first, cause = session.first_failure, session.root_cause
+    lines.append(f"first failure:   {finding_words(first, blocks) if first else 'none'}")
+    if cause is not None:
+        lines.append(
+            f"root cause:      {finding_words(cause, blocks)} ({cause.reason.split(':')[0]})"
+        )
+    else:
+        lines.append("root cause:      none")
+    lines.append(
+        f"pairs: {s.pairs} compared · {s.passed} pass · {s.failed} fail · {s.diverged} diverged · "
+        f"{s.error} error · {s.unpaired} unpaired"
+    )
+    for note in session.notes[:8]:
+        lines.append(f"note: {note}")
+    if len(session.notes) > 8:
+        lines.append(f"note: … {len(session.notes) - 8} more (see the report)")
+    return "\n".join(lines)

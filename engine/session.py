@@ -1,0 +1,433 @@
+"""The incremental comparison session: tensors in (both runs, any order), verdicts out.
+
+Everything the session reports is a function of what it has been given, not of the order it
+came in: pairs are recomputed whenever the pairing, the logits node or the input ids change,
+and the first failure / root cause / cells are derived from the current results (rules in
+:mod:`.findings`, :mod:`.cells`, :mod:`.blocks`). The live pipeline calls :meth:`add_update`
+and :meth:`flush` from its worker thread; the TUI calls the :class:`~.seam.ResultsView`
+methods from the UI thread — one lock guards the state and is never held while tensors load.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from layerwatch.capture.tokens import TokenSelection
+
+from . import findings
+from .cells import aggregate, same_cell
+from .jobs import CompareFn, JobRunner, Work
+from .pairing import MappingSpec, Pairer, load_mapping
+from .records import PairResult, TensorKey, TensorRecord, Topology, Verdict
+from .seam import BlockInfo, CellUpdate, Finding, PairDetail, ResultBatch, Sink, Summary
+from .session_state import SIDES, SessionState
+
+
+@dataclass(slots=True)
+class _Pair:
+    gkey: TensorKey
+    tkey: TensorKey
+    logits: bool = False
+    raw: PairResult | None = None
+    """What the compare function returned (before divergence is applied)."""
+    eff: PairResult | None = None
+    """What the session reports: ``raw`` with divergence, order and block applied."""
+
+
+class CompareSession(SessionState):
+    """Pairs golden and target tensors, compares them, keeps first failure, root cause, cells."""
+
+    def __init__(
+        self,
+        thresholds: object = None,
+        mapping: MappingSpec | str | Path | None = None,
+        tokens: object = None,
+        sink: Sink | None = None,
+        jobs: int = 1,
+        *,
+        auto_map: bool | None = None,
+        compare: CompareFn | None = None,
+        big_bytes: int = 1 << 21,
+    ) -> None:
+        super().__init__()
+        if thresholds is None or isinstance(thresholds, str | Path):
+            from .thresholds import Thresholds
+
+            thresholds = Thresholds.load(str(thresholds) if thresholds is not None else None)
+        if compare is None:
+            from .compare import compare_pair
+
+            compare = compare_pair
+        if isinstance(mapping, str | Path):
+            mapping = load_mapping(mapping)
+        self.thresholds = thresholds
+        self.tokens = TokenSelection.of(tokens)
+        self.sink = sink
+        self.pairer = Pairer(mapping, auto_map)
+        self.runner = JobRunner(compare, thresholds, jobs, big_bytes)
+        self._flush_lock = threading.Lock()
+
+    # --- input -----------------------------------------------------------------------------
+    def add_update(self, side: str, update: object) -> None:
+        """Take one :class:`~.readers.ReaderUpdate` (tensors, topology, token ids, notes...)."""
+        if side not in SIDES:
+            raise ValueError(f"side must be 'golden' or 'target', not {side!r}")
+        with self._lock:
+            topology: Topology | None = getattr(update, "topology", None)
+            if topology is not None:
+                self._topo[side] = topology
+                self._struct_dirty = True
+            token_ids = getattr(update, "token_ids", None) or {}
+            if token_ids:
+                for token, ids in token_ids.items():
+                    self._token_ids[side][int(token)] = tuple(ids)
+                self._divergence_dirty = True
+            weights = getattr(update, "weights", None) or {}
+            if weights:
+                self._weights[side].update(weights)
+                self._struct_dirty = True
+            for note in getattr(update, "notes", None) or ():
+                self._note(f"{side}: {note}")
+            for record in getattr(update, "tensors", None) or ():
+                self._add_record(side, record)
+            if getattr(update, "complete", False):
+                self._finish(side)
+
+    def add_records(self, side: str, records: list[TensorRecord]) -> None:
+        """Tensors only (tests and simple callers)."""
+        with self._lock:
+            for record in records:
+                self._add_record(side, record)
+
+    def finish(self, side: str) -> None:
+        """``side`` will send nothing more: its missing counterparts become UNPAIRED."""
+        with self._lock:
+            self._finish(side)
+
+    # --- compare ---------------------------------------------------------------------------
+    def flush(self, progress: Callable[[int, int], None] | None = None) -> ResultBatch:
+        """Compare everything pending, push the batch to the sink (if anything changed)."""
+        with self._flush_lock:
+            with self._lock:
+                self._refresh()
+                work_keys = sorted(self._todo, key=lambda k: (k.token, k.node, k.stem, k.rank))
+                work = []
+                for gkey in work_keys:
+                    pair = self._pairs[gkey]
+                    work.append(
+                        Work(
+                            self._records["golden"][gkey],
+                            self._records["target"][pair.tkey],
+                            pair.logits,
+                        )
+                    )
+                self._todo.clear()
+            results = self.runner.run(work, progress) if work else []
+            with self._lock:
+                for item, result in zip(work, results, strict=True):
+                    self._store(item, result)
+                if not work:
+                    self._refresh()
+                batch = self._batch()
+        if self.sink is not None and _worth_sending(batch):
+            self.sink.on_batch(batch)
+        return batch
+
+    def close(self) -> None:
+        self.runner.close()
+
+    # --- results ---------------------------------------------------------------------------
+    @property
+    def first_failure(self) -> Finding | None:
+        with self._lock:
+            return self._first_failure
+
+    @property
+    def root_cause(self) -> Finding | None:
+        with self._lock:
+            return self._root_cause
+
+    @property
+    def first_bad_token(self) -> int | None:
+        with self._lock:
+            return self._first_bad_token
+
+    @property
+    def summary(self) -> Summary:
+        with self._lock:
+            return self._summary()
+
+    @property
+    def notes(self) -> list[str]:
+        with self._lock:
+            return list(self._notes)
+
+    def progress(self) -> dict[str, tuple[int, int]]:
+        """Per side: (tokens seen, tensors seen), for status lines."""
+        with self._lock:
+            return {
+                s: (len({k.token for k in self._records[s]}), len(self._records[s])) for s in SIDES
+            }
+
+    def results(self) -> list[PairResult]:
+        """Every pair and every unpaired tensor, in report order (token, then execution order)."""
+        with self._lock:
+            out = [p.eff for p in self._pairs.values() if p.eff is not None]
+            out.extend(self._unpaired_results())
+            out.sort(key=findings.report_key)
+            return out
+
+    def cells(self) -> dict[tuple[int, int], CellUpdate]:
+        """The current grid: (token, block) → cell, for every non-empty cell."""
+        with self._lock:
+            self._refresh_cells(emit=[])
+            return dict(self._emitted)
+
+    def block_label(self, block: int) -> str:
+        with self._lock:
+            blocks = self._layout.blocks
+            return blocks[block].label if 0 <= block < len(blocks) else ""
+
+    # --- ResultsView -----------------------------------------------------------------------
+    def blocks(self) -> tuple[BlockInfo, ...]:
+        with self._lock:
+            return self._layout.blocks
+
+    def pairs_in_block(self, token: int, block: int) -> list[PairResult]:
+        with self._lock:
+            out = []
+            for tag, key in self._members.get((token, block), ()):
+                result = self._result_of(tag, key)
+                if result is not None:
+                    out.append(result)
+            out.sort(key=findings.report_key)
+            return out
+
+    def inputs_of(self, result: PairResult) -> list[PairResult]:
+        with self._lock:
+            found = [r for r in self._inputs(result.key) if r is not None]
+            return sorted(found, key=findings.report_key)
+
+    def explain(self, result: PairResult) -> PairDetail:
+        from .explain import explain
+
+        inputs = self.inputs_of(result)  # takes the lock briefly; loading happens without it
+        return explain(result, self.thresholds, inputs)
+
+    # --- internals -------------------------------------------------------------------------
+    def _store(self, item: Work, result: PairResult) -> None:
+        pair = self._pairs.get(item.golden.key)
+        if (
+            pair is None
+            or self._records["golden"].get(pair.gkey) is not item.golden
+            or self._records["target"].get(pair.tkey) is not item.target
+            or pair.logits != item.is_logits
+        ):
+            return  # superseded while it was being compared; the newer work is queued
+        result.is_logits = item.is_logits
+        pair.raw = result
+        self._set_eff(pair)
+
+    def _inputs(self, key: TensorKey) -> list[PairResult | None]:
+        out: list[PairResult | None] = []
+        for gkey in self._node_keys.get((key.token, key.rank, key.node), ()):
+            if not gkey.stem.startswith("input"):
+                continue
+            pair = self._pairs.get(gkey)
+            if pair is not None:
+                out.append(pair.eff)
+        return out
+
+    def _refresh_findings(self) -> None:
+        fails = [self._pairs[k].eff for k in self._fail_keys]
+        failures = [r for r in fails if r is not None]
+        first = findings.first_failure(failures)
+        cause = findings.root_cause(failures, self._inputs)
+        old_first = self._first_failure
+        self._first_failure = self._finding(first) if first is not None else None
+        if cause is None:
+            self._root_cause = None
+        else:
+            result, captured = cause
+            why = (
+                "output fails while its inputs pass"
+                if captured
+                else "output fails; its inputs were not captured"
+            )
+            self._root_cause = self._finding(result, why)
+        self._first_bad_token = findings.first_bad_token(failures, self._logits_seen)
+        new_cell = self._first_cell()
+        if old_first is None or self._first_failure is None or new_cell != self._first_bad_cell:
+            if self._first_bad_cell is not None:
+                self._dirty_cells.add(self._first_bad_cell)
+            if new_cell is not None:
+                self._dirty_cells.add(new_cell)
+        self._first_bad_cell = new_cell
+
+    def _first_cell(self) -> tuple[int, int] | None:
+        first = self._first_failure
+        if first is None or first.block < 0:
+            return None
+        return (first.token, first.block)
+
+    def _finding(self, result: PairResult, why: str = "") -> Finding:
+        label = (
+            self._layout.blocks[result.block].label
+            if 0 <= result.block < len(self._layout.blocks)
+            else ""
+        )
+        finding = Finding.of(result, label)
+        if why:
+            finding = Finding(
+                finding.token,
+                finding.node,
+                finding.stem,
+                finding.verdict,
+                finding.failed_metrics,
+                finding.metrics,
+                finding.block,
+                finding.block_label,
+                f"{why}: {result.reason}" if result.reason else why,
+            )
+        return finding
+
+    def _batch(self) -> ResultBatch:
+        if self._findings_dirty:
+            self._refresh_findings()
+            self._findings_dirty = False
+        cells: list[CellUpdate] = []
+        self._refresh_cells(cells)
+        pairs = []
+        for tag, key in sorted(
+            self._changed, key=lambda m: (m[1].token, m[1].node, m[1].stem, m[0])
+        ):
+            result = self._result_of(tag, key)
+            if result is not None:
+                pairs.append(result)
+        self._changed.clear()
+        blocks = self._layout.blocks if self._blocks_changed else None
+        self._blocks_changed = False
+        notes, self._new_notes = self._new_notes, []
+        done = (
+            all(self._finished.values())
+            and not self._todo
+            and all(p.eff is not None for p in self._pairs.values())
+        )
+        return ResultBatch(
+            cells=cells,
+            pairs=pairs,
+            blocks=blocks,
+            summary=self._summary(),
+            first_failure=self._first_failure,
+            root_cause=self._root_cause,
+            first_bad_token=self._first_bad_token,
+            notes=notes,
+            done=done,
+        )
+
+    def _refresh_cells(self, emit: list[CellUpdate]) -> None:
+        for cell in sorted(self._dirty_cells):
+            token, block = cell
+            results, waiting = self._cell_contents(cell)
+            update = aggregate(token, block, results, waiting, cell == self._first_bad_cell)
+            previous = self._emitted.get(cell)
+            if update.pairs == 0 and not waiting:
+                if previous is not None:
+                    del self._emitted[cell]
+                    emit.append(update)
+                continue
+            if not same_cell(previous, update):
+                self._emitted[cell] = update
+                emit.append(update)
+        self._dirty_cells.clear()
+
+    def _cell_contents(self, cell: tuple[int, int]) -> tuple[list[PairResult], int]:
+        results: list[PairResult] = []
+        waiting = 0
+        for tag, key in self._members.get(cell, ()):
+            if tag == "g":
+                pair = self._pairs.get(key)
+                if pair is not None:
+                    if pair.eff is None:
+                        waiting += 1
+                    else:
+                        results.append(pair.eff)
+                elif not self._finished["target"]:
+                    waiting += 1
+            elif not self._finished["golden"]:
+                waiting += 1
+        return results, waiting
+
+    def _result_of(self, tag: str, key: TensorKey) -> PairResult | None:
+        if tag == "g":
+            pair = self._pairs.get(key)
+            if pair is not None:
+                return pair.eff
+            if self._finished["target"] and key in self._gonly:
+                return self._unpaired("golden", key)
+            return None
+        if self._finished["golden"] and key in self._tonly:
+            return self._unpaired("target", key)
+        return None
+
+    def _unpaired_results(self) -> list[PairResult]:
+        out = []
+        if self._finished["target"]:
+            out.extend(self._unpaired("golden", k) for k in self._gonly)
+        if self._finished["golden"]:
+            out.extend(self._unpaired("target", k) for k in self._tonly)
+        return out
+
+    def _unpaired(self, side: str, key: TensorKey) -> PairResult:
+        record = self._records[side][key]
+        if side == "golden":
+            reason = "only in the golden run: the target has no tensor that pairs with it"
+            gnode = key.node
+        else:
+            mapped = self._tmap.get(key)
+            gnode = mapped.node if mapped is not None else key.node
+            hint = (
+                f" (looked for {mapped.node} {mapped.stem})"
+                if mapped is not None and mapped != key
+                else ""
+            )
+            reason = f"only in the target run: no golden tensor pairs with it{hint}"
+        return PairResult(
+            key,
+            Verdict.UNPAIRED,
+            reason=reason,
+            golden=record if side == "golden" else None,
+            target=record if side == "target" else None,
+            order=self._order_of(side, record),
+            node_type=record.node_type,
+            block=self._layout.block_of(gnode, key.part),
+        )
+
+    def _summary(self) -> Summary:
+        counts = self._counts
+        unpaired = (len(self._gonly) if self._finished["target"] else 0) + (
+            len(self._tonly) if self._finished["golden"] else 0
+        )
+        pending = (0 if self._finished["target"] else len(self._gonly)) + (
+            0 if self._finished["golden"] else len(self._tonly)
+        )
+        pending += sum(1 for p in self._pairs.values() if p.eff is None)
+        return Summary(
+            pairs=counts[Verdict.PASS]
+            + counts[Verdict.FAIL]
+            + counts[Verdict.DIVERGED]
+            + counts[Verdict.ERROR],
+            passed=counts[Verdict.PASS],
+            failed=counts[Verdict.FAIL],
+            diverged=counts[Verdict.DIVERGED],
+            unpaired=unpaired,
+            error=counts[Verdict.ERROR],
+            pending=pending,
+        )
+
+
+def _worth_sending(batch: ResultBatch) -> bool:
+    return bool(batch.cells or batch.pairs or batch.blocks is not None or batch.notes or batch.done)

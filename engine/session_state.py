@@ -1,0 +1,491 @@
+"""The session's bookkeeping: records of both runs, who pairs with whom, cells' members.
+
+Kept apart from :mod:`.session` (the public API and the compare loop). Everything here runs
+under the session's lock. Invariants:
+
+- ``_pairs[g]`` exists iff the golden record ``g`` and at least one target record mapping to
+  ``g`` exist; the target partner is the smallest such key (deterministic on collisions).
+- ``_gonly``/``_tonly`` hold the records without a partner; they are *pending* until the other
+  side finishes and UNPAIRED after.
+- A pair's ``eff`` is recomputed whenever something it depends on changes (divergence, order,
+  block, the raw result), and counts, failures and dirty cells follow from that one place.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict
+from typing import TYPE_CHECKING
+
+from layerwatch.capture.tokens import TokenSelection
+
+from .blocks import BlockLayout, layout_for, topology_from_names
+from .cells import is_failure
+from .findings import stem_sort
+from .records import Locator, PairResult, TensorKey, TensorRecord, Topology, Verdict
+from .seam import CellUpdate, Finding
+
+if TYPE_CHECKING:
+    from .pairing import Pairer
+    from .session import _Pair
+
+SIDES = ("golden", "target")
+Member = tuple[str, TensorKey]
+"""``("g", golden key)`` for golden records (paired or not), ``("t", target key)`` for unpaired target records."""
+
+
+def _is_float(dtype: str) -> bool:
+    return "float" in dtype
+
+
+def _tiebreak(record: TensorRecord) -> tuple[object, ...]:
+    loc = record.loc
+    return (record.source, loc.path if loc else "", loc.offset if loc else -1, repr(record.stats))
+
+
+class SessionState:
+    pairer: Pairer
+    tokens: TokenSelection
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._records: dict[str, dict[TensorKey, TensorRecord]] = {s: {} for s in SIDES}
+        self._topo: dict[str, Topology | None] = {s: None for s in SIDES}
+        self._token_ids: dict[str, dict[int, tuple[int, ...]]] = {s: {} for s in SIDES}
+        self._weights: dict[str, dict[str, Locator]] = {s: {} for s in SIDES}
+        self._finished = {s: False for s in SIDES}
+        self._pairs: dict[TensorKey, _Pair] = {}
+        self._todo: set[TensorKey] = set()
+        self._tmap: dict[TensorKey, TensorKey | None] = {}
+        self._by_g: dict[TensorKey, set[TensorKey]] = defaultdict(set)
+        self._extra: dict[TensorKey, TensorKey] = {}
+        """Leftover stem pairs found once both sides finished (target key → golden key)."""
+        self._gonly: set[TensorKey] = set()
+        self._tonly: set[TensorKey] = set()
+        self._members: dict[tuple[int, int], set[Member]] = defaultdict(set)
+        self._member_cell: dict[Member, tuple[int, int]] = {}
+        self._node_keys: dict[tuple[int, int, str], set[TensorKey]] = defaultdict(set)
+        self._fail_keys: set[TensorKey] = set()
+        self._counts: Counter[Verdict] = Counter()
+        self._n_logits = 0
+        self._dirty_cells: set[tuple[int, int]] = set()
+        self._emitted: dict[tuple[int, int], CellUpdate] = {}
+        self._changed: set[Member] = set()
+        self._first_failure: Finding | None = None
+        self._root_cause: Finding | None = None
+        self._first_bad_token: int | None = None
+        self._first_bad_cell: tuple[int, int] | None = None
+        self._findings_dirty = False
+        self._layout = BlockLayout((), None)
+        self._layout_topo: Topology | None = None
+        self._blocks_changed = False
+        self._gnodes: dict[str, tuple[str, int, int]] = {}
+        """Golden node → (type, order, token of that order): a topology guess before the real one."""
+        self._names_dirty = False
+        self._pairing_sizes = (0, 0)
+        self._float_out: dict[str, int] = {}
+        self._logits: tuple[str | None, int | None] = (None, None)
+        self._diverge_at: int | None = None
+        self._diverge_reason = ""
+        self._struct_dirty = False
+        self._divergence_dirty = False
+        self._leftover_dirty = False
+        self._notes: list[str] = []
+        self._new_notes: list[str] = []
+        self._note_set: set[str] = set()
+
+    @property
+    def _logits_seen(self) -> bool:
+        return self._n_logits > 0
+
+    def _note(self, message: str) -> None:
+        if message not in self._note_set:
+            self._note_set.add(message)
+            self._notes.append(message)
+            self._new_notes.append(message)
+
+    # --- records ---------------------------------------------------------------------------
+    def _add_record(self, side: str, record: TensorRecord) -> None:
+        key = record.key
+        if key.token not in self.tokens:
+            return
+        store = self._records[side]
+        old = store.get(key)
+        if old is not None:
+            if (
+                old.loc == record.loc
+                and old.shape == record.shape
+                and old.dtype == record.dtype
+                and old.stats == record.stats
+            ):
+                return  # the same tensor reported twice
+            self._note(
+                f"{side}: {key.label()} was dumped twice with different data; keeping one deterministically"
+            )
+            if _tiebreak(record) >= _tiebreak(old):
+                return
+        store[key] = record
+        self._leftover_dirty = True
+        if side == "golden":
+            info = self._gnodes.get(key.node)
+            if (
+                info is None
+                or key.token < info[2]
+                or (key.token == info[2] and 0 <= record.order < info[1])
+                or (not info[0] and record.node_type)
+            ):
+                self._gnodes[key.node] = (
+                    record.node_type or (info[0] if info else ""),
+                    record.order,
+                    key.token,
+                )
+                self._names_dirty = True
+            if key.part == "output" and _is_float(record.dtype) and record.shape:
+                self._float_out.setdefault(key.node, record.shape[-1])
+            if old is None:
+                self._node_keys[(key.token, key.rank, key.node)].add(key)
+                self._gonly.add(key)
+                self._place(("g", key))
+                self._sync(key)
+            elif key in self._pairs:
+                self._requeue(self._pairs[key])
+        elif old is None:
+            self._map_target(key)
+        else:
+            gkey = self._tmap.get(key)
+            pair = self._pairs.get(gkey) if gkey is not None else None
+            if pair is not None and pair.tkey == key:
+                self._requeue(pair)
+
+    def _map_target(self, tkey: TensorKey) -> None:
+        gkey = self._extra.get(tkey) or self.pairer.golden_key(tkey)
+        self._tmap[tkey] = gkey
+        self._tonly.add(tkey)
+        self._place(("t", tkey))
+        if gkey is not None:
+            self._by_g[gkey].add(tkey)
+            self._sync(gkey)
+
+    def _sync(self, gkey: TensorKey) -> None:
+        """Make ``_pairs[gkey]`` agree with the records and the mapping."""
+        from .session import _Pair
+
+        cands = self._by_g.get(gkey)
+        want = min(cands) if cands and gkey in self._records["golden"] else None
+        pair = self._pairs.get(gkey)
+        if pair is not None and pair.tkey == want:
+            return
+        if pair is not None:
+            del self._pairs[gkey]
+            self._todo.discard(gkey)
+            self._drop_eff(pair)
+            self._n_logits -= pair.logits
+            self._tonly.add(pair.tkey)
+            self._place(("t", pair.tkey))
+            self._changed.add(("t", pair.tkey))
+            self._gonly.add(gkey)
+        if want is not None:
+            self._gonly.discard(gkey)
+            self._tonly.discard(want)
+            self._unplace(("t", want))
+            self._changed.discard(("t", want))
+            logits = self._want_logits(gkey)
+            self._pairs[gkey] = _Pair(gkey, want, logits)
+            self._n_logits += logits
+            self._todo.add(gkey)
+        self._changed.add(("g", gkey))
+        self._dirty_member(("g", gkey))
+
+    def _requeue(self, pair: _Pair) -> None:
+        self._drop_eff(pair)
+        pair.raw = None
+        self._todo.add(pair.gkey)
+        self._dirty_member(("g", pair.gkey))
+
+    def _finish(self, side: str) -> None:
+        if self._finished[side]:
+            return
+        self._finished[side] = True
+        self._leftover_dirty = True
+        other = "g" if side == "target" else "t"
+        for key in self._gonly if other == "g" else self._tonly:
+            self._changed.add((other, key))
+        self._dirty_cells.update(self._members)
+
+    # --- results ---------------------------------------------------------------------------
+    def _order_of(self, side: str, record: TensorRecord) -> int:
+        if record.order >= 0:
+            return record.order
+        topo = self._topo[side] if side == "target" else self._layout_topo
+        node = topo.nodes.get(record.key.node) if topo is not None else None
+        return node.order if node is not None else -1
+
+    def _effective(self, pair: _Pair) -> PairResult:
+        raw = pair.raw
+        assert raw is not None
+        golden = self._records["golden"][pair.gkey]
+        target = self._records["target"][pair.tkey]
+        verdict, reason = raw.verdict, raw.reason
+        if self._diverge_at is not None and pair.gkey.token >= self._diverge_at:
+            own = raw.verdict.value + (f": {raw.reason}" if raw.reason else "")
+            verdict, reason = Verdict.DIVERGED, f"{self._diverge_reason} (by itself: {own})"
+        return PairResult(
+            pair.gkey,
+            verdict,
+            raw.metrics,
+            raw.failed,
+            reason,
+            golden,
+            target,
+            order=self._order_of("golden", golden),
+            node_type=golden.node_type or target.node_type or raw.node_type,
+            block=self._layout.block_of(pair.gkey.node, pair.gkey.part),
+            is_logits=pair.logits,
+        )
+
+    def _set_eff(self, pair: _Pair) -> None:
+        old = pair.eff
+        new = self._effective(pair)
+        if (
+            old is not None
+            and old.verdict is new.verdict
+            and old.reason == new.reason
+            and old.order == new.order
+            and old.block == new.block
+            and old.metrics is new.metrics
+            and old.failed == new.failed
+        ):
+            return
+        self._drop_eff(pair)
+        pair.eff = new
+        self._counts[new.verdict] += 1
+        if is_failure(new):
+            self._fail_keys.add(pair.gkey)
+        self._changed.add(("g", pair.gkey))
+        self._dirty_member(("g", pair.gkey))
+        self._findings_dirty = True
+
+    def _drop_eff(self, pair: _Pair) -> None:
+        if pair.eff is not None:
+            self._counts[pair.eff.verdict] -= 1
+            self._fail_keys.discard(pair.gkey)
+            pair.eff = None
+            self._findings_dirty = True
+
+    def _reeffect_all(self) -> None:
+        for pair in self._pairs.values():
+            if pair.raw is not None:
+                self._set_eff(pair)
+
+    # --- cells -----------------------------------------------------------------------------
+    def _cell_for(self, member: Member) -> tuple[int, int] | None:
+        tag, key = member
+        node = key.node
+        if tag == "t":
+            mapped = self._tmap.get(key)
+            node = mapped.node if mapped is not None else key.node
+        block = self._layout.block_of(node, key.part)
+        return (key.token, block) if block >= 0 else None
+
+    def _place(self, member: Member) -> None:
+        self._unplace(member)
+        cell = self._cell_for(member)
+        if cell is not None:
+            self._members[cell].add(member)
+            self._member_cell[member] = cell
+            self._dirty_cells.add(cell)
+
+    def _unplace(self, member: Member) -> None:
+        cell = self._member_cell.pop(member, None)
+        if cell is not None:
+            self._members[cell].discard(member)
+            self._dirty_cells.add(cell)
+
+    def _dirty_member(self, member: Member) -> None:
+        cell = self._member_cell.get(member)
+        if cell is not None:
+            self._dirty_cells.add(cell)
+
+    # --- structure: pairing, layout, logits, divergence -------------------------------------
+    def _refresh(self) -> None:
+        sizes = (len(self._gnodes), len(self._tnodes_set()))
+        if self._struct_dirty or (self.pairer.auto is None and sizes != self._pairing_sizes):
+            self._struct_dirty = False
+            self._pairing_sizes = sizes
+            if self.pairer.rebuild(
+                self._topo["golden"],
+                self._topo["target"],
+                set(self._gnodes),
+                self._tnodes_set(),
+                (self._weights["golden"], self._weights["target"]),
+            ):
+                for note in self.pairer.notes:
+                    self._note(note)
+                self._remap_all()
+        if self._leftover_dirty and all(self._finished.values()):
+            self._leftover_dirty = False
+            self._apply_leftovers()
+        self._refresh_layout()
+        self._refresh_logits()
+        if self._divergence_dirty:
+            self._divergence_dirty = False
+            self._refresh_divergence()
+
+    def _tnodes_set(self) -> set[str]:
+        return {k.node for k in self._records["target"]}
+
+    def _remap_all(self) -> None:
+        self._extra = {}
+        self._tmap = {}
+        self._by_g = defaultdict(set)
+        for tkey in self._records["target"]:
+            gkey = self.pairer.golden_key(tkey)
+            self._tmap[tkey] = gkey
+            if gkey is not None:
+                self._by_g[gkey].add(tkey)
+        for tkey in list(self._tonly):
+            self._place(("t", tkey))
+        for gkey in list(self._pairs) + list(self._records["golden"]):
+            self._sync(gkey)
+        self._leftover_dirty = True
+
+    def _retarget(self, tkey: TensorKey, gkey: TensorKey | None) -> None:
+        old = self._tmap.get(tkey)
+        if old == gkey:
+            return
+        if old is not None:
+            self._by_g[old].discard(tkey)
+        self._tmap[tkey] = gkey
+        if gkey is not None:
+            self._by_g[gkey].add(tkey)
+        if tkey in self._tonly:
+            self._place(("t", tkey))
+        if old is not None:
+            self._sync(old)
+        if gkey is not None:
+            self._sync(gkey)
+
+    def _apply_leftovers(self) -> None:
+        """Both runs finished: pair what names left over when the node pairs but the stems differ
+        (``output`` vs ``output_0``): same token and node, same count per input/output, equal shapes."""
+        for tkey in list(self._extra):
+            self._retarget(tkey, self.pairer.golden_key(tkey))
+        self._extra = {}
+        golden = self._records["golden"]
+        target = self._records["target"]
+        groups_g: dict[tuple[object, ...], list[TensorKey]] = defaultdict(list)
+        groups_t: dict[tuple[object, ...], list[TensorKey]] = defaultdict(list)
+        for gkey in self._gonly:
+            groups_g[(gkey.token, gkey.rank, gkey.node, gkey.part)].append(gkey)
+        for tkey in self._tonly:
+            mapped = self._tmap.get(tkey)
+            if mapped is not None:
+                groups_t[(tkey.token, tkey.rank, mapped.node, tkey.part)].append(tkey)
+        found: dict[TensorKey, TensorKey] = {}
+        for group, gkeys in groups_g.items():
+            tkeys = groups_t.get(group)
+            if not tkeys or len(tkeys) != len(gkeys):
+                continue
+            gkeys.sort(key=lambda k: stem_sort(k.stem))
+            tkeys.sort(key=lambda k: stem_sort(k.stem))
+            if all(golden[g].shape == target[t].shape for g, t in zip(gkeys, tkeys, strict=True)):
+                found.update(zip(tkeys, gkeys, strict=True))
+        self._extra = found
+        for tkey, gkey in found.items():
+            self._retarget(tkey, gkey)
+
+    def _refresh_layout(self) -> None:
+        topo = self._topo["golden"]
+        if topo is not None:
+            if topo is self._layout_topo:
+                return
+            new = layout_for(topo)
+        else:
+            if not self._names_dirty:
+                return
+            topo = topology_from_names({n: (t, o) for n, (t, o, _) in self._gnodes.items()})
+            new = layout_for(topo)
+        self._names_dirty = False
+        self._layout_topo = topo
+        if new.blocks != self._layout.blocks:
+            self._blocks_changed = True
+            self._emitted.clear()
+        self._layout = new
+        for member in (
+            list(self._member_cell)
+            + [("g", k) for k in self._records["golden"]]
+            + [("t", k) for k in self._tonly]
+        ):
+            self._place(member)
+        self._reeffect_all()
+        self._dirty_cells.update(self._members)
+
+    def _refresh_logits(self) -> None:
+        topo = self._layout_topo
+        node = None
+        if topo is not None:
+            leaves = [
+                n
+                for n in topo.nodes.values()
+                if not n.children and n.order >= 0 and n.name in self._float_out
+            ]
+            if leaves:
+                node = max(leaves, key=lambda n: n.order).name
+        logits = (node, self._float_out.get(node) if node is not None else None)
+        if logits == self._logits:
+            return
+        self._logits = logits
+        for pair in self._pairs.values():
+            want = self._want_logits(pair.gkey)
+            if want != pair.logits:
+                self._n_logits += want - pair.logits
+                pair.logits = want
+                self._requeue(pair)
+
+    def _want_logits(self, gkey: TensorKey) -> bool:
+        """The logits node's output, and the root's ``output_logits`` (or ``output`` when it has the
+        logits' vocabulary size): compared with the logits metrics (KL, top-1, top-k, margin)."""
+        if not gkey.stem.startswith("output"):
+            return False
+        record = self._records["golden"].get(gkey)
+        if record is None or not _is_float(record.dtype):
+            return False
+        node, vocab = self._logits
+        if gkey.node == node:
+            return True
+        root = self._layout_topo.root if self._layout_topo is not None else "root"
+        if gkey.node != root:
+            return False
+        if gkey.stem == "output_logits":
+            return True
+        return (
+            gkey.stem in ("output", "output_0")
+            and vocab is not None
+            and bool(record.shape)
+            and record.shape[-1] == vocab
+        )
+
+    def _refresh_divergence(self) -> None:
+        golden, target = self._token_ids["golden"], self._token_ids["target"]
+        diverge = min(
+            (t for t in golden.keys() & target.keys() if golden[t] != target[t]), default=None
+        )
+        if diverge == self._diverge_at:
+            return
+        self._diverge_at = diverge
+        if diverge is not None:
+            g, t = golden[diverge], target[diverge]
+            self._diverge_reason = (
+                f"diverged: the target was fed different input ids at token {diverge} "
+                f"(golden {_ids(g)}, target {_ids(t)}); not blamed"
+            )
+            self._note(
+                self._diverge_reason.replace("; not blamed", ": later tensors are marked diverged")
+            )
+        self._reeffect_all()
+
+
+def _ids(ids: tuple[int, ...]) -> str:
+    if len(ids) <= 4:
+        return "[" + ", ".join(map(str, ids)) + "]"
+    return "[…, " + ", ".join(map(str, ids[-3:])) + f"] ({len(ids)} ids)"
