@@ -1,0 +1,149 @@
+"""The Textual app: drains the source's result queue on a timer and shows the grid.
+
+Threads never touch widgets: the engine fills ``source.sink`` from its own thread, one
+10-20 Hz timer here drains it and applies a whole tick's cells in one vectorised call (a
+queue drained by a timer applied 20 000 cells in 36 ms where per-cell messages froze the UI
+for 1.5 s, tui.md §2). Drill-down queries run in thread workers that post messages back.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from functools import partial
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+from layerwatch.engine.seam import ComparisonSource
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from . import keys
+from .grid_model import GridModel
+from .screens.main import MainScreen
+from .state import RunState
+
+TICK_HZ = 15
+"""Result batches are applied this often: fast enough to look live, slow enough for SSH."""
+MAX_NOTES_PER_TICK = 3
+
+
+class LayerwatchApp(App[int]):
+    CSS_PATH = Path(__file__).with_name("layerwatch.tcss")
+    HORIZONTAL_BREAKPOINTS: ClassVar = [(0, "-narrow"), (120, "-wide")]
+    BINDINGS: ClassVar = keys.bindings("app")
+
+    def __init__(
+        self,
+        source: ComparisonSource,
+        *,
+        title: str = "layerwatch",
+        tick_hz: float = TICK_HZ,
+        color_system: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._color_system = color_system
+        self.source = source
+        self.title_text = title
+        self.title = title
+        self.tick_hz = tick_hz
+        self.model = GridModel()
+        self.state = RunState()
+        self.error: str | None = None
+        """A start-up problem to print after the terminal is restored."""
+        self.main_screen: MainScreen | None = None
+
+    @property
+    def color_system(self) -> str | None:
+        """The terminal's colour system (``truecolor``, ``256``, ``standard``) unless fixed
+        by the caller: snapshot tests fix it so the palette does not depend on ``$TERM``."""
+        return self._color_system or self.console.color_system
+
+    def on_mount(self) -> None:
+        if self.color_system == "standard":
+            self.theme = "ansi-dark"
+        try:
+            self.source.start()
+        except Exception as exc:  # LayerwatchError and friends: report after the UI is gone
+            self.error = str(exc) or type(exc).__name__
+            self.exit(2)
+            return
+        self.main_screen = MainScreen()
+        self.push_screen(self.main_screen)
+        self.drain()
+        self.set_interval(1 / self.tick_hz, self.drain, name="drain")
+
+    def drain(self) -> None:
+        """Apply everything the engine produced since the last tick (the only model writer)."""
+        batches = self.source.sink.drain()
+        if not batches:
+            return
+        tick = self.state.merge(batches)
+        model = self.model
+        if tick.blocks is not None:
+            model.set_blocks(tick.blocks)
+        rows = model.apply(tick.cells)
+        first = self.state.first_failure
+        moved = model.set_first_bad(
+            (first.token, first.block) if first and first.block >= 0 else None
+        )
+        if moved:
+            rows = np.union1d(rows, np.asarray(moved, dtype=np.int64))
+        if self.main_screen is not None and self.main_screen.is_mounted:
+            self.main_screen.apply_tick(tick, rows)
+        for note in tick.notes[:MAX_NOTES_PER_TICK]:
+            self.notify(note, timeout=6)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when everything compared so far passed, 1 when a failure was found (like compare)."""
+        return 1 if self.state.failed else 0
+
+    # --- actions and the command palette ---------------------------------------------------
+    def action_help(self) -> None:
+        from .screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        self.exit(self.exit_code)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        scopes = {
+            "MainScreen": ("grid", "main", "app"),
+            "BlockScreen": ("block", "app"),
+            "OperatorScreen": ("operator", "app"),
+        }.get(type(screen).__name__, ("app",))
+        for action in keys.palette_actions(scopes):
+            yield SystemCommand(
+                action.label.capitalize() + f" ({keys.key_text(action)})",
+                action.help,
+                partial(self._palette_run, screen, action),
+            )
+        yield from super().get_system_commands(screen)
+
+    def _palette_run(self, screen: Screen, action: keys.Action) -> None:
+        if action.scope == "app":
+            target = self
+        elif action.scope == "grid":
+            target = screen.query_one("#grid")
+        else:
+            target = screen
+        self.call_later(target.run_action, action.name)
+
+
+def run_app(source: ComparisonSource, *, title: str) -> int:
+    """Show a comparison until the user quits; stop the source; return compare's exit code."""
+    app = LayerwatchApp(source, title=title)
+    try:
+        result = app.run()
+    finally:
+        source.stop()
+    if app.error is not None:
+        print(f"layerwatch: {app.error}", file=sys.stderr)
+        return 2
+    if result is None:  # the app crashed: Textual has printed the traceback
+        return app.return_code or 2
+    return int(result)

@@ -1,0 +1,333 @@
+"""The token × block grid: a Line-API ScrollView that draws only the visible cells.
+
+A DataTable re-renders every row across every column after any cell update (2–4 s at
+1 000 × 300, tui.md §1); here ``render_line`` looks up precomputed texts and styles for the
+visible slice of one numpy row, and strips are cached per row version. Line 0 is the sticky
+block header and every line starts with the sticky token label. Horizontal scrolling moves
+by whole columns (``validate_scroll_x`` snaps), so a cell is never cut in half.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.cache import LRUCache
+from textual.geometry import Region, Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from . import keys, palette
+from .grid_model import GridModel
+from .messages import CellChosen, CursorMoved, FollowChanged
+
+COLUMN = palette.CELL_WIDTH + 1
+"""Cell text plus a one-character gap, so neighbouring cells of one colour stay apart."""
+FOCUS_STYLE = Style(reverse=True, bold=True)
+
+
+class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
+    """Rows are tokens, columns are blocks; the cursor cell is drawn reversed."""
+
+    BINDINGS: ClassVar = keys.bindings("grid")
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "layer-grid--header",
+        "layer-grid--label",
+        "layer-grid--cursor-label",
+        "layer-grid--bad-label",
+    }
+    DEFAULT_CSS = """
+    LayerGrid { scrollbar-size: 1 1; }
+    LayerGrid > .layer-grid--header { text-style: bold; color: $text-muted; }
+    LayerGrid > .layer-grid--label { color: $text-muted; }
+    LayerGrid > .layer-grid--cursor-label { text-style: bold reverse; }
+    LayerGrid > .layer-grid--bad-label { color: $error; text-style: bold; }
+    """
+
+    def __init__(self, model: GridModel, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.model = model
+        self.cursor_row = 0
+        self.cursor_col = 0
+        self.following = True
+        """Keep the newest token under the cursor until the user moves."""
+        self._cache: LRUCache[tuple, Strip] = LRUCache(1024)
+        self._cell_styles: list[Style] = []
+        self._scheme: palette.Scheme | None = None
+        self._label_width = 6
+
+    # --- styles ----------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self._build_styles()
+        self.data_changed(np.zeros(0, dtype=np.int64), layout=True)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._build_styles()
+
+    def _build_styles(self) -> None:
+        """Precompute one Style per cell code for this terminal's colour system."""
+        self._scheme = palette.scheme_for(self.app.color_system)
+        base = self.rich_style
+        self._cell_styles = [base + s for s in palette.cell_styles(self._scheme)]
+        self._cache.clear()
+
+    # --- geometry --------------------------------------------------------------------------
+    @property
+    def data_height(self) -> int:
+        """Token rows that fit under the header."""
+        return max(self.scrollable_content_region.height - 1, 1)
+
+    @property
+    def data_columns(self) -> int:
+        """Whole columns that fit right of the token labels."""
+        return max((self.scrollable_content_region.width - self._label_width) // COLUMN, 1)
+
+    @property
+    def first_column(self) -> int:
+        return int(self.scroll_offset.x) // COLUMN
+
+    def validate_scroll_x(self, value: float) -> float:
+        return round(super().validate_scroll_x(value) / COLUMN) * COLUMN
+
+    def validate_scroll_target_x(self, value: float) -> float:
+        return round(super().validate_scroll_target_x(value) / COLUMN) * COLUMN
+
+    def _update_virtual_size(self) -> None:
+        columns = len(self.model.visible)
+        self._label_width = max(len(str(max(self.model.n_tokens - 1, 0))), 4) + 2
+        viewport = self.scrollable_content_region.width
+        hidden = max(columns - self.data_columns, 0)
+        width = viewport + hidden * COLUMN if hidden else self._label_width + columns * COLUMN
+        size = Size(width, self.model.n_tokens + 1)
+        if size != self.virtual_size:
+            self.virtual_size = size
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._update_virtual_size()
+        self._cache.clear()
+        self.scroll_to_cursor()
+
+    # --- repainting ------------------------------------------------------------------------
+    def data_changed(self, rows: np.ndarray, *, layout: bool = False) -> None:
+        """Repaint after the model changed: only the changed rows that are on screen."""
+        grew = self.model.n_tokens + 1 != self.virtual_size.height
+        if layout or grew:
+            self._update_virtual_size()
+        if layout:
+            self._cache.clear()
+            self.refresh()
+        else:
+            top = int(self.scroll_offset.y)
+            visible = rows[(rows >= top) & (rows < top + self.data_height)]
+            if visible.size > self.data_height // 2:
+                self.refresh()
+            else:
+                for row in visible.tolist():
+                    self.refresh_line(row + 1)
+        if self.following and self.model.n_tokens:
+            self.move_cursor(self.model.n_tokens - 1, self.cursor_col, user=False)
+        else:
+            self.clamp_cursor()
+
+    def columns_changed(self) -> None:
+        """The metric, the filter or the column list changed: every cell may differ."""
+        self._cache.clear()
+        self.data_changed(np.zeros(0, dtype=np.int64), layout=True)
+        self.clamp_cursor()
+        self.post_message(CursorMoved(self.cursor_row, self.cursor_col, self.cursor_block))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        first = self.first_column
+        count = self.data_columns + 1
+        if y == 0:
+            key = (
+                "header",
+                first,
+                width,
+                self.cursor_col,
+                self.model.version,
+                len(self.model.visible),
+            )
+            strip = self._cache.get(key)
+            if strip is None:
+                strip = self._cache[key] = self._header(first, count, width)
+            return strip
+        row = int(self.scroll_offset.y) + y - 1
+        if row >= self.model.n_tokens:
+            return Strip.blank(width, self.rich_style)
+        cursor = self.cursor_col if row == self.cursor_row else -1
+        key = (
+            row,
+            int(self.model.row_version[row]),
+            first,
+            width,
+            cursor,
+            self.model.version,
+            self.model.first_bad,
+            self.has_focus,
+        )
+        strip = self._cache.get(key)
+        if strip is None:
+            strip = self._cache[key] = self._row(row, first, count, width, cursor)
+        return strip
+
+    def _header(self, first: int, count: int, width: int) -> Strip:
+        style = self.get_component_rich_style("layer-grid--header")
+        cursor_style = self.get_component_rich_style("layer-grid--cursor-label")
+        segments = [Segment("tok".rjust(self._label_width - 2) + "  ", style)]
+        blocks = self.model.blocks
+        for col in range(first, min(first + count, len(self.model.visible))):
+            label = blocks[int(self.model.visible[col])].label
+            if len(label) > palette.CELL_WIDTH:
+                label = label[: palette.CELL_WIDTH - 1] + "…"
+            text = label.center(palette.CELL_WIDTH)
+            segments.append(Segment(text, cursor_style if col == self.cursor_col else style))
+            segments.append(Segment(" ", style))
+        return Strip(segments).crop_extend(0, width, self.rich_style)
+
+    def _row(self, row: int, first: int, count: int, width: int, cursor: int) -> Strip:
+        model = self.model
+        bad = model.first_bad
+        mark = "!" if bad is not None and bad[0] == row else " "
+        label_class = (
+            "layer-grid--cursor-label"
+            if cursor >= 0
+            else ("layer-grid--bad-label" if mark == "!" else "layer-grid--label")
+        )
+        label = f"{row:>{self._label_width - 2}}{mark} "
+        segments = [Segment(label, self.get_component_rich_style(label_class))]
+        columns = model.visible[first : first + count]
+        codes = model.codes[row, columns].tolist()
+        texts, styles = palette.CELL_TEXTS, self._cell_styles
+        gap = Segment(" ", self.rich_style)
+        bad_col = model.column_of(bad[1]) if mark == "!" else None
+        for offset, code in enumerate(codes):
+            col = first + offset
+            text, style = texts[code], styles[code]
+            if col == bad_col:
+                text = palette.GLYPH_FIRST_BAD + text[1:]
+                style = style + Style(bold=True, underline=True)
+            if col == cursor:
+                style = style + FOCUS_STYLE if self.has_focus else style + Style(underline=True)
+            segments.append(Segment(text, style))
+            segments.append(gap)
+        return Strip(segments).crop_extend(0, width, self.rich_style)
+
+    def on_focus(self) -> None:
+        self.refresh_line(self.cursor_row + 1)
+
+    def on_blur(self) -> None:
+        self.refresh_line(self.cursor_row + 1)
+
+    # --- the cursor ------------------------------------------------------------------------
+    @property
+    def cursor_block(self) -> int:
+        visible = self.model.visible
+        return int(visible[self.cursor_col]) if 0 <= self.cursor_col < len(visible) else -1
+
+    def clamp_cursor(self) -> None:
+        row = min(self.cursor_row, max(self.model.n_tokens - 1, 0))
+        col = min(self.cursor_col, max(len(self.model.visible) - 1, 0))
+        if (row, col) != (self.cursor_row, self.cursor_col):
+            self.move_cursor(row, col, user=False)
+
+    def move_cursor(self, row: int, col: int, *, user: bool = True) -> None:
+        """Put the cursor on a visible cell and scroll it into view; a user move stops follow."""
+        row = max(0, min(row, self.model.n_tokens - 1))
+        col = max(0, min(col, len(self.model.visible) - 1))
+        if user and self.following:
+            self.set_following(False)
+        old_row, old_col = self.cursor_row, self.cursor_col
+        self.cursor_row, self.cursor_col = row, col
+        if (row, col) == (old_row, old_col):
+            self.scroll_to_cursor()
+            return
+        self.refresh_line(old_row + 1)
+        self.refresh_line(row + 1)
+        if col != old_col:
+            self.refresh(Region(0, 0, self.size.width, 1))
+        self.scroll_to_cursor()
+        self.post_message(CursorMoved(row, col, self.cursor_block))
+
+    def scroll_to_cursor(self) -> None:
+        top, first = int(self.scroll_offset.y), self.first_column
+        height, columns = self.data_height, self.data_columns
+        if self.cursor_row < top:
+            top = self.cursor_row
+        elif self.cursor_row >= top + height:
+            top = self.cursor_row - height + 1
+        if self.cursor_col < first:
+            first = self.cursor_col
+        elif self.cursor_col >= first + columns:
+            first = self.cursor_col - columns + 1
+        if (top, first * COLUMN) != (int(self.scroll_offset.y), int(self.scroll_offset.x)):
+            self.scroll_to(first * COLUMN, top, animate=False, immediate=True)
+
+    def set_following(self, following: bool) -> None:
+        if following != self.following:
+            self.following = following
+            self.post_message(FollowChanged(following))
+        if following and self.model.n_tokens:
+            self.move_cursor(self.model.n_tokens - 1, self.cursor_col, user=False)
+
+    def action_cursor_up(self) -> None:
+        self.move_cursor(self.cursor_row - 1, self.cursor_col)
+
+    def action_cursor_down(self) -> None:
+        self.move_cursor(self.cursor_row + 1, self.cursor_col)
+
+    def action_cursor_left(self) -> None:
+        self.move_cursor(self.cursor_row, self.cursor_col - 1)
+
+    def action_cursor_right(self) -> None:
+        self.move_cursor(self.cursor_row, self.cursor_col + 1)
+
+    def action_page_up(self) -> None:
+        self.move_cursor(self.cursor_row - self.data_height, self.cursor_col)
+
+    def action_page_down(self) -> None:
+        self.move_cursor(self.cursor_row + self.data_height, self.cursor_col)
+
+    def action_first_token(self) -> None:
+        self.move_cursor(0, self.cursor_col)
+
+    def action_last_token(self) -> None:
+        self.move_cursor(self.model.n_tokens - 1, self.cursor_col)
+
+    def action_first_column(self) -> None:
+        self.move_cursor(self.cursor_row, 0)
+
+    def action_last_column(self) -> None:
+        self.move_cursor(self.cursor_row, len(self.model.visible) - 1)
+
+    def action_open(self) -> None:
+        if self.model.n_tokens and self.cursor_block >= 0:
+            self.post_message(CellChosen(self.cursor_row, self.cursor_block))
+
+    # --- the mouse -------------------------------------------------------------------------
+    def cell_at(self, x: int, y: int) -> tuple[int | None, int | None]:
+        """(row, column) under a widget-relative point; None where it is a header or label."""
+        row = int(self.scroll_offset.y) + y - 1 if y >= 1 else None
+        col = (
+            self.first_column + (x - self._label_width) // COLUMN
+            if x >= self._label_width
+            else None
+        )
+        return row, col
+
+    def on_click(self, event: events.Click) -> None:
+        row, col = self.cell_at(event.x, event.y)
+        if row is not None and row >= self.model.n_tokens:
+            return
+        target = (self.cursor_row if row is None else row, self.cursor_col if col is None else col)
+        if col is not None and col >= len(self.model.visible):
+            return
+        if event.chain >= 2 and target == (self.cursor_row, self.cursor_col):
+            self.action_open()
+        else:
+            self.move_cursor(*target)

@@ -1,0 +1,213 @@
+"""The main screen: status lines, the grid, the cell summary, the legend, the Footer."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Input
+from textual.worker import get_current_worker
+
+from .. import keys
+from ..grid import LayerGrid
+from ..messages import CellChosen, CellPairsLoaded, CursorMoved, ExportFinished, FollowChanged
+from ..state import Tick
+from ..status import Legend, StatusBar
+from ..summary import CellSummary
+
+if TYPE_CHECKING:
+    from ..app import LayerwatchApp
+
+
+class MainScreen(Screen[None]):
+    """Owns the grid; the app's drain hands it every tick through :meth:`apply_tick`."""
+
+    BINDINGS: ClassVar = keys.bindings("main")
+    AUTO_FOCUS = "#grid"
+
+    app: LayerwatchApp
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.app.title_text, id="status")
+        with Horizontal(id="body"):
+            yield LayerGrid(self.app.model, id="grid")
+            yield CellSummary(id="summary")
+        yield Input(
+            placeholder="filter columns: words in block labels or module names · ⏎ keep · esc clear",
+            id="filter",
+        )
+        yield Legend(id="legend")
+        yield Footer(show_command_palette=False)
+
+    @property
+    def grid(self) -> LayerGrid:
+        return self.query_one(LayerGrid)
+
+    def on_mount(self) -> None:
+        self.query_one(Legend).show(self.app.model.metric)
+        self.refresh_status()
+        self.show_cursor_cell()
+
+    # --- live updates (called by the app's drain, on the UI thread) -------------------------
+    def apply_tick(self, tick: Tick, rows) -> None:
+        grid = self.grid
+        if tick.blocks is not None:
+            grid.columns_changed()
+        else:
+            grid.data_changed(rows)
+        if tick.status_changed:
+            self.refresh_status()
+        if grid.cursor_row in set(rows.tolist()) or tick.blocks is not None:
+            self.show_cursor_cell()
+
+    def refresh_status(self) -> None:
+        self.query_one(StatusBar).show(self.app.state, self.app.model.blocks, self.grid.following)
+
+    def show_cursor_cell(self) -> None:
+        grid = self.grid
+        info = self.app.model.cell(grid.cursor_row, grid.cursor_col)
+        summary = self.query_one(CellSummary)
+        keep = (
+            summary.pairs
+            if summary.info
+            and info
+            and (summary.info.token, summary.info.block) == (info.token, info.block)
+            and summary.info == info
+            else None
+        )
+        summary.show(info, keep)
+        if info is not None and keep is None and info.pairs:
+            self.load_cell_pairs(info.token, info.block.index)
+
+    @work(thread=True, exclusive=True, group="cell-pairs")
+    def load_cell_pairs(self, token: int, block: int) -> None:
+        """Fetch the cursor cell's pairs off the UI thread (the session may be busy)."""
+        time.sleep(0.05)  # a held arrow key moves on before this fires: skip stale cells
+        if get_current_worker().is_cancelled:
+            return
+        try:
+            pairs = self.app.source.view.pairs_in_block(token, block)
+        except Exception as exc:  # a drill-down query must never take the app down
+            self.post_message(CellPairsLoaded(token, block, [], error=str(exc)))
+            return
+        self.post_message(CellPairsLoaded(token, block, pairs))
+
+    @on(CellPairsLoaded)
+    def _pairs_loaded(self, message: CellPairsLoaded) -> None:
+        summary = self.query_one(CellSummary)
+        info = summary.info
+        if info is not None and (info.token, info.block.index) == (message.token, message.block):
+            summary.show(info, message.pairs)
+
+    @on(CursorMoved)
+    def _cursor_moved(self) -> None:
+        self.show_cursor_cell()
+
+    @on(FollowChanged)
+    def _follow_changed(self) -> None:
+        self.refresh_status()
+
+    @on(CellChosen)
+    def _cell_chosen(self, message: CellChosen) -> None:
+        from .block import BlockScreen
+
+        self.app.push_screen(BlockScreen(message.token, message.block))
+
+    # --- actions ---------------------------------------------------------------------------
+    def _jump(self, token: int, block: int) -> None:
+        model, grid = self.app.model, self.grid
+        col = model.column_of(block)
+        if col is None:
+            self._set_filter("")
+            col = model.column_of(block) or 0
+        grid.move_cursor(token, col)
+
+    def action_first_failure(self) -> None:
+        first = self.app.state.first_failure
+        if first is None or first.block < 0:
+            self.notify("No failure so far.", timeout=3)
+            return
+        self._jump(first.token, first.block)
+
+    def _step_failure(self, step: int) -> None:
+        grid = self.grid
+        found = self.app.model.next_failure(grid.cursor_row, grid.cursor_col, step)
+        if found is None:
+            self.notify(f"No {'later' if step > 0 else 'earlier'} failing cell.", timeout=3)
+            return
+        grid.move_cursor(*found)
+
+    def action_next_failure(self) -> None:
+        self._step_failure(1)
+
+    def action_previous_failure(self) -> None:
+        self._step_failure(-1)
+
+    def action_cycle_metric(self) -> None:
+        model = self.app.model
+        model.set_metric(model.metric_index + 1)
+        self.query_one(Legend).show(model.metric)
+        self.grid.columns_changed()
+
+    def action_toggle_follow(self) -> None:
+        grid = self.grid
+        grid.set_following(not grid.following)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("-shown")
+        box.focus()
+
+    def _set_filter(self, text: str) -> None:
+        self.app.model.set_filter(text)
+        self.grid.columns_changed()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self._set_filter(event.value)
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        box = self.query_one("#filter", Input)
+        if not event.value.strip():
+            box.remove_class("-shown")
+        self.grid.focus()
+        if not len(self.app.model.visible):
+            self.notify(f"No block matches {event.value!r}.", severity="warning", timeout=4)
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.has_class("-shown") or self.app.model.filter_text:
+            box.value = ""
+            box.remove_class("-shown")
+            self._set_filter("")
+            self.grid.focus()
+
+    def action_export(self) -> None:
+        from .export import ExportScreen
+
+        self.app.push_screen(ExportScreen(), self._export_to)
+
+    def _export_to(self, path: str | None) -> None:
+        if path:
+            self.export_report(path)
+
+    @work(thread=True, exclusive=True, group="export")
+    def export_report(self, path: str) -> None:
+        try:
+            written = self.app.source.export(path)
+        except Exception as exc:  # LayerwatchError or OSError: say it in one line
+            self.post_message(ExportFinished(path, error=str(exc) or type(exc).__name__))
+            return
+        self.post_message(ExportFinished(written or path))
+
+    @on(ExportFinished)
+    def _exported(self, message: ExportFinished) -> None:
+        if message.error:
+            self.notify(f"Export failed: {message.error}", severity="error", timeout=8)
+        else:
+            self.notify(f"Report written to {message.path}", timeout=5)

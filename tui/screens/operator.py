@@ -1,0 +1,241 @@
+"""The operator view: one pair, golden against target, and why it was flagged.
+
+``ResultsView.explain`` loads both tensors again, which can take seconds for a large
+tensor, so it runs in a thread worker; the screen shows "loading" until the detail arrives.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from layerwatch.engine.records import PairResult, Verdict
+from layerwatch.engine.seam import BlockInfo, PairDetail, SideSummary
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from .. import fmt, keys
+from ..messages import DetailLoaded
+
+if TYPE_CHECKING:
+    from ..app import LayerwatchApp
+
+BAR_WIDTH = 30
+
+
+def _table(*headers: str) -> Table:
+    table = Table(
+        box=None,
+        pad_edge=False,
+        padding=(0, 2, 0, 0),
+        show_header=True,
+        header_style="bold",
+        expand=False,
+    )
+    for header in headers:
+        table.add_column(header, no_wrap=True)
+    return table
+
+
+def sides_table(golden: SideSummary | None, target: SideSummary | None) -> Table:
+    table = _table("", "golden", "target")
+
+    def stat(side: SideSummary | None, name: str) -> str:
+        if side is None or side.stats is None:
+            return "–"
+        return (
+            str(getattr(side.stats, name))
+            if name in ("nan", "inf")
+            else fmt.number(getattr(side.stats, name))
+        )
+
+    table.add_row("dtype", golden.dtype if golden else "–", target.dtype if target else "–")
+    table.add_row(
+        "shape",
+        str(tuple(golden.shape)) if golden else "–",
+        str(tuple(target.shape)) if target else "–",
+    )
+    for name in ("min", "max", "mean", "norm", "nan", "inf"):
+        g, t = stat(golden, name), stat(target, name)
+        style = "bold red" if name in ("nan", "inf") and g != t else ""
+        table.add_row(
+            name if name not in ("nan", "inf") else name.upper() + " count", g, Text(t, style=style)
+        )
+    return table
+
+
+def checks_table(detail: PairDetail) -> Table:
+    table = _table("metric", "value", "threshold", "")
+    for check in detail.checks:
+        limit = "(info)" if check.limit is None else f"{check.op} {fmt.number(check.limit)}"
+        verdict = (
+            Text("✔ pass", style="green") if check.passed else Text("✖ FAIL", style="bold red")
+        )
+        table.add_row(
+            check.name,
+            fmt.value(check.name, check.value),
+            limit,
+            verdict if check.limit is not None or not check.passed else "",
+        )
+    return table
+
+
+def inputs_table(inputs: list[PairResult]) -> RenderableType:
+    if not inputs:
+        return Text("no input tensors were dumped for this operator", style="dim")
+    metrics = [
+        m
+        for m in (
+            "cosine_similarity",
+            "max_absolute_error",
+            "mean_relative_error",
+            "relative_euclidean_distance",
+        )
+        if any(m in p.metrics for p in inputs)
+    ]
+    table = _table("input", "verdict", *(fmt.short(m) for m in metrics))
+    for pair in inputs:
+        style = "green" if pair else "bold red"
+        table.add_row(
+            pair.key.stem,
+            Text(("✔ " if pair else "✖ ") + pair.verdict.value, style=style),
+            *(
+                Text(
+                    fmt.value(m, pair.metrics.get(m)), style="bold red" if m in pair.failed else ""
+                )
+                for m in metrics
+            ),
+        )
+    return table
+
+
+def histogram(detail: PairDetail) -> RenderableType:
+    counts, edges = detail.histogram_counts, detail.histogram_edges
+    if not counts:
+        return Text("no histogram (statistics-only dump, or nothing to compare)", style="dim")
+    peak = max(counts) or 1
+    table = _table(detail.histogram_label or "error", "", "count")
+    for i, count in enumerate(counts):
+        lo, hi = edges[i], edges[i + 1] if i + 1 < len(edges) else edges[i]
+        bar = "█" * round(BAR_WIDTH * count / peak) if count else ""
+        table.add_row(
+            f"[{lo:7.2f}, {hi:7.2f})", Text(bar.ljust(BAR_WIDTH), style="cyan"), str(count)
+        )
+    return table
+
+
+def worst_table(detail: PairDetail) -> RenderableType:
+    if not detail.worst:
+        return Text("no element-wise errors (statistics-only, or identical)", style="dim")
+    table = _table("index", "golden", "target", "abs err", "rel err")
+    for w in detail.worst:
+        table.add_row(
+            str(tuple(w.index)),
+            fmt.number(w.golden),
+            fmt.number(w.target),
+            fmt.number(w.abs_err),
+            fmt.number(w.rel_err),
+        )
+    return table
+
+
+def render_detail(detail: PairDetail, block: BlockInfo | None) -> Group:
+    result = detail.result
+    bad = result.verdict in (Verdict.FAIL, Verdict.ERROR)
+    head = Text()
+    head.append(f"token {result.key.token} · ", style="bold")
+    if block is not None:
+        head.append(f"{fmt.block_words(block)} · ", style="bold")
+    head.append(f"{fmt.relative_node(result.key.node, block)} · {result.key.stem}", style="bold")
+    head.append(
+        f"  {result.verdict.value.upper()} ",
+        style="bold reverse red" if bad else "bold reverse green",
+    )
+    head.append(f"\n{result.key.node}", style="dim")
+    why = Text(detail.sentence or result.reason or "", style="bold red" if bad else "green")
+    files = Text()
+    for side, summary in (("golden", detail.golden), ("target", detail.target)):
+        files.append(f"{side:<7}", style="bold")
+        files.append(f"{summary.source if summary and summary.source else '–'}\n")
+
+    def section(title: str) -> Text:
+        return Text(f"\n{title}", style="bold underline")
+
+    return Group(
+        head,
+        Text(""),
+        why,
+        section("golden vs target"),
+        sides_table(detail.golden, detail.target),
+        section("metrics against thresholds"),
+        checks_table(detail),
+        section("inputs of this operator"),
+        inputs_table(detail.inputs),
+        section("error histogram"),
+        histogram(detail),
+        section("worst elements"),
+        worst_table(detail),
+        section("files"),
+        files,
+    )
+
+
+class OperatorScreen(Screen[None]):
+    BINDINGS: ClassVar = keys.bindings("operator")
+
+    app: LayerwatchApp
+
+    def __init__(self, result: PairResult, block: BlockInfo | None) -> None:
+        super().__init__()
+        self.result, self.block = result, block
+        self.detail: PairDetail | None = None
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="detail-scroll"):
+            yield Static(id="detail")
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        key = self.result.key
+        self.query_one("#detail", Static).update(
+            Text(
+                f"token {key.token} · {key.node} · {key.stem}\n\nloading both tensors…", style="dim"
+            )
+        )
+        self.query_one("#detail-scroll").focus()
+        self.explain()
+
+    @work(thread=True, exclusive=True, group="explain")
+    def explain(self) -> None:
+        try:
+            detail = self.app.source.view.explain(self.result)
+        except Exception as exc:  # an unreadable file must not take the app down
+            self.post_message(DetailLoaded(None, error=str(exc) or type(exc).__name__))
+            return
+        self.post_message(DetailLoaded(detail))
+
+    @on(DetailLoaded)
+    def _loaded(self, message: DetailLoaded) -> None:
+        message.stop()
+        static = self.query_one("#detail", Static)
+        if message.detail is None:
+            static.update(
+                Text(f"could not build the operator view: {message.error}", style="bold red")
+            )
+            return
+        self.detail = message.detail
+        static.update(render_detail(message.detail, self.block))
+
+    def action_scroll_down(self) -> None:
+        self.query_one("#detail-scroll").scroll_down(animate=False)
+
+    def action_scroll_up(self) -> None:
+        self.query_one("#detail-scroll").scroll_up(animate=False)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

@@ -1,0 +1,121 @@
+"""The status lines above the grid and the colour legend below it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from layerwatch.engine.seam import BlockInfo
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Static
+
+from . import fmt, palette
+from .state import RunState
+
+
+class StatusBar(Static):
+    """Title, counts, one line per run (or both on one line when wide), the first failure."""
+
+    def __init__(self, title: str, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.title_text = title
+        self._state: RunState | None = None
+        self._blocks: Sequence[BlockInfo] = ()
+        self._following = True
+
+    def show(self, state: RunState, blocks: Sequence[BlockInfo], following: bool) -> None:
+        self._state, self._blocks, self._following = state, blocks, following
+        self.update(self._text(self.content_size.width or 78))
+
+    def on_resize(self) -> None:
+        if self._state is not None:
+            self.update(self._text(self.content_size.width))
+
+    def _text(self, width: int) -> Text:
+        state = self._state or RunState()
+        s = state.summary
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(self.title_text, style="bold")
+        counts = Text()
+        counts.append(f"  {s.pairs} pairs ")
+        counts.append(f"✔{s.passed} ", style="green")
+        counts.append(f"✖{s.failed} ", style="bold red" if s.failed else "")
+        if s.diverged:
+            counts.append(f"≠{s.diverged} ", style="blue")
+        if s.error:
+            counts.append(f"ERR {s.error} ", style="bold magenta")
+        if s.pending:
+            counts.append(f"…{s.pending} waiting ")
+        counts.append(
+            "· done"
+            if state.done
+            else "· ▶ following (spc)"
+            if self._following
+            else "· ⏸ paused (spc)",
+            style="bold" if not state.done else "",
+        )
+        pad = width - text.cell_len - counts.cell_len
+        text.append(" " * max(pad, 0))
+        text.append_text(counts)
+        runs = [fmt.run_words(run) for run in state.runs.values()]
+        if runs and sum(len(r) for r in runs) + 3 * (len(runs) - 1) <= width:
+            text.append("\n" + "   ".join(runs))
+        else:
+            for run in runs:
+                text.append("\n" + run)
+        text.append("\n")
+        if state.first_failure is not None:
+            text.append(" ✖ first failure ", style="bold reverse red")
+            text.append(" " + fmt.finding_words(state.first_failure, self._blocks), style="bold")
+            root = state.root_cause
+            if root is not None and (root.token, root.node, root.stem) != (
+                state.first_failure.token,
+                state.first_failure.node,
+                state.first_failure.stem,
+            ):
+                text.append("   root cause: " + fmt.finding_words(root, self._blocks))
+        elif s.pairs and state.done:
+            text.append(f" ✔ all {s.passed} compared pairs pass ", style="bold green")
+        elif s.pairs:
+            text.append(f" ✔ no failure in {s.pairs} pairs so far", style="green")
+        else:
+            text.append(" waiting for tensors from both sides…", style="dim")
+        return text
+
+
+class Legend(Static):
+    """What the colours mean for the selected metric; shorter when the terminal is narrow."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._metric = ""
+        self._styles: list[Style] = []
+
+    def show(self, metric: str) -> None:
+        self._metric = metric
+        self._styles = palette.cell_styles(palette.scheme_for(self.app.color_system))
+        self.update(self._text(self.content_size.width or 78))
+
+    def on_resize(self) -> None:
+        if self._metric:
+            self.update(self._text(self.content_size.width))
+
+    def _text(self, width: int) -> Text:
+        long = self._line(long=True)
+        return long if long.cell_len <= width else self._line(long=False)
+
+    def _line(self, *, long: bool) -> Text:
+        entries = palette.legend_entries(self._metric)
+        name = fmt.short(self._metric)
+        form = "−log10(1−cos)" if name == "cos" else f"−log10({name})"
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f"{name}: digits {form} " if long else f"{name} ", style="bold")
+        for i, (glyph, meaning, code) in enumerate(entries):
+            swatch = f" {glyph} {meaning} " if long and glyph != meaning else f" {glyph} "
+            text.append(swatch, style=self._styles[code])
+            if long:
+                text.append(" ")
+            elif i == 6:
+                example = "4=.9999" if name == "cos" else "4=1e-4"
+                text.append(f" {example} ", style="dim")
+        return text

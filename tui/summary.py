@@ -1,0 +1,95 @@
+"""The cell under the cursor in words: a side panel when wide, three lines at 80 columns."""
+
+from __future__ import annotations
+
+from layerwatch.engine.records import COSINE, PairResult, Verdict
+from layerwatch.engine.seam import CellState
+from rich.text import Text
+from textual.widgets import Static
+
+from . import fmt
+from .grid_model import CellInfo
+
+STATE_STYLE = {
+    CellState.FAIL: "bold red",
+    CellState.NONFINITE: "bold magenta",
+    CellState.ERROR: "bold magenta",
+    CellState.DIVERGED: "blue",
+    CellState.PASS: "green",
+}
+
+
+def pair_words(pair: PairResult, block_node: str, metric: str = COSINE) -> str:
+    """``self_attn.o_proj · cos 0.912`` (the stem only when it is not the plain output)."""
+    node = pair.key.node
+    name = node[len(block_node) + 1 :] if node.startswith(block_node + ".") else "(block output)"
+    if pair.key.stem != "output":
+        name += f" {pair.key.stem}"
+    shown = next(iter(pair.failed), metric)
+    if shown in pair.metrics:
+        return f"{name} · {fmt.short(shown)} {fmt.value(shown, pair.metrics[shown])}"
+    return f"{name} · {pair.reason or pair.verdict.value}"
+
+
+class CellSummary(Static):
+    """Shows a :class:`CellInfo` and, once a worker fetched them, the cell's failing pairs."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.info: CellInfo | None = None
+        self.pairs: list[PairResult] | None = None
+
+    def show(self, info: CellInfo | None, pairs: list[PairResult] | None = None) -> None:
+        self.info, self.pairs = info, pairs
+        self.update(self._text())
+
+    def on_resize(self) -> None:
+        self.update(self._text())
+
+    @property
+    def tall(self) -> bool:
+        return self.size.height > 4
+
+    def _text(self) -> Text:
+        info = self.info
+        text = Text(no_wrap=not self.tall, overflow="ellipsis")
+        if info is None:
+            text.append("no cell yet: results appear as both runs write their tensors", style="dim")
+            return text
+        sep = "\n" if self.tall else " · "
+        text.append(f"token {info.token} · {fmt.block_words(info.block)}", style="bold")
+        text.append(f"{sep}{info.block.node}" if info.block.node else "", style="dim")
+        text.append("\n" if self.tall else " · ")
+        text.append(fmt.STATE_WORDS[info.state], style=STATE_STYLE.get(info.state, "dim"))
+        if info.pairs:
+            text.append(
+                f" · {info.failed} of {info.pairs} pairs fail"
+                if info.failed
+                else f" · {info.pairs} pair{'s' if info.pairs > 1 else ''}"
+            )
+        if info.first_bad:
+            text.append(" · ! first failure", style="bold red")
+        text.append("\n\n" if self.tall else "\n")
+        for metric, v in info.values.items():
+            if self.tall:
+                text.append(f"{fmt.short(metric):<10}{fmt.value(metric, v)}\n")
+            else:
+                text.append(f"{fmt.short(metric)} {fmt.value(metric, v)}  ")
+        text.append("\n")
+        failing = [p for p in self.pairs or [] if p.verdict in (Verdict.FAIL, Verdict.ERROR)]
+        if self.pairs is None:
+            text.append("…", style="dim")
+        elif self.tall:
+            if failing:
+                text.append(f"failing ({len(failing)}), in execution order\n", style="bold")
+                for pair in failing[:8]:
+                    text.append("✖ " + pair_words(pair, info.block.node) + "\n", style="red")
+                if len(failing) > 8:
+                    text.append(f"  … {len(failing) - 8} more\n", style="dim")
+        elif failing:
+            text.append("first failing: " + pair_words(failing[0], info.block.node), style="red")
+        if self.tall and info.pairs:
+            text.append("\n⏎ operators of this block", style="dim")
+        elif info.pairs and not failing:
+            text.append("⏎ operators of this block", style="dim")
+        return text
