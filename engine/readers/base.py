@@ -1,0 +1,146 @@
+"""What every dump reader gives the engine: the ``DumpReader`` protocol and ``ReaderUpdate``.
+
+A reader is incremental: ``poll()`` returns only what landed since the previous poll, so the
+live pipeline can call it per arrival and a finished dump is read with one ``poll(None)``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ..records import Locator, Stats, TensorRecord, Topology
+
+
+@dataclass(slots=True)
+class ReaderUpdate:
+    """What one ``poll()`` found. Empty lists/dicts mean "nothing new"."""
+
+    tensors: list[TensorRecord] = field(default_factory=list)
+    topology: Topology | None = None
+    """The module tree when it is new or changed since the last poll, else ``None``."""
+    token_ids: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Input ids the root received at token t (only tokens learnt in this poll)."""
+    complete: bool = False
+    """The writer said it finished (layerwatch ``K_END`` on every rank); sticky once true."""
+    notes: list[str] = field(default_factory=list)
+    """One-line messages for the user: a writer error, a skipped file, an unsupported dtype."""
+    weights: dict[str, Locator] = field(default_factory=dict)
+    """Full dumped parameters by dotted name ``root.x.weight``, when the dump has them."""
+
+    def extend(self, other: ReaderUpdate) -> None:
+        """Fold a later update into this one (tensors appended, newer topology wins)."""
+        self.tensors.extend(other.tensors)
+        self.topology = other.topology or self.topology
+        self.token_ids.update(other.token_ids)
+        self.complete = self.complete or other.complete
+        self.notes.extend(other.notes)
+        self.weights.update(other.weights)
+
+    def __bool__(self) -> bool:
+        return (
+            bool(self.tensors or self.topology or self.token_ids or self.notes or self.weights)
+            or self.complete
+        )
+
+
+@runtime_checkable
+class DumpReader(Protocol):
+    """Reads one side's dump, incrementally."""
+
+    fmt: str
+    """``layerwatch`` / ``msit`` / ``atb`` / ``msprobe``."""
+    root: Path
+    """The directory (or file) the user pointed at."""
+
+    def poll(self, changed: Sequence[Path] | None = None) -> ReaderUpdate:
+        """What landed since the last poll. ``None``: scan everything; else only these paths
+        (files or directories) are new — cheap per call, and never returns a tensor twice."""
+        ...
+
+    def watch_roots(self) -> list[Path]:
+        """Directories a watcher should follow (recursively) for this dump."""
+        ...
+
+
+# --- helpers shared by the readers ------------------------------------------------------------
+_RANK_DIR = re.compile(r"^([A-Za-z]*)(\d*)_(\d+)$")
+
+
+def is_rank_dir_name(name: str) -> bool:
+    """``cpu_1234``, ``npu3_77``, ``0_1234`` (ATB: ``{device_id}_{pid}``)."""
+    return _RANK_DIR.match(name) is not None
+
+
+def rank_sort_key(name: str) -> tuple[int, int, str]:
+    """Sort rank directories by device number, then pid (``cpu`` counts as device 0)."""
+    match = _RANK_DIR.match(name)
+    if match is None:
+        return (1 << 30, 0, name)
+    return (int(match.group(2) or 0), int(match.group(3)), name)
+
+
+class RankIndex:
+    """Stable rank numbers for rank directories: sorted at the first scan, later ones appended.
+
+    Once a directory has a number it keeps it, so records already handed out stay valid when
+    another rank directory appears during a live run.
+    """
+
+    def __init__(self) -> None:
+        self._ranks: dict[str, int] = {}
+
+    def assign(self, names: Sequence[str]) -> None:
+        for name in sorted((n for n in names if n not in self._ranks), key=rank_sort_key):
+            self._ranks[name] = len(self._ranks)
+
+    def __call__(self, name: str) -> int:
+        if name not in self._ranks:
+            self.assign([name])
+        return self._ranks[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ranks
+
+
+def stats_from(values: dict[str, object] | None) -> Stats | None:
+    """``Stats`` from a mapping with ``max min mean norm`` (+ ``nan inf``); None when absent."""
+    if not values:
+        return None
+
+    def num(key: str, *alts: str) -> float:
+        for k in (key, *alts):
+            v = values.get(k)
+            if v is not None and not isinstance(v, (dict, list)):
+                try:
+                    return float(v)  # type: ignore[arg-type]
+                except (TypeError, ValueError):
+                    continue
+        return float("nan")
+
+    return Stats(
+        max=num("max", "Max"),
+        min=num("min", "Min"),
+        mean=num("mean", "Mean"),
+        norm=num("norm", "Norm", "l2norm", "L2Norm"),
+        nan=int(num("nan") if values.get("nan") is not None else 0),
+        inf=int(num("inf") if values.get("inf") is not None else 0),
+    )
+
+
+def scandir(path: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
+    """``os.scandir`` as a list; a missing or unreadable directory is empty (the caller notes it)."""
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def is_tmp_name(name: str) -> bool:
+    """Names writers use for files being written (never read them)."""
+    return name.startswith((".tmp-", ".")) or name.endswith((".tmp", ".part", ".swp"))

@@ -1,0 +1,251 @@
+"""Reader for layerwatch's own dump format (``capture/format.py``), finished or still growing.
+
+The index is tailed by byte offset: only complete lines count (a trailing partial line is left
+for the next poll), and an index line is written only after its data file was renamed into
+place, so every record handed out points at bytes that are on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from layerwatch.capture import format as lwf
+from layerwatch.capture.errors import LayerwatchError
+
+from ..load import canonical_dtype
+from ..records import Locator, ParamPrint, TensorKey, TensorRecord, Topology
+from .base import RankIndex, ReaderUpdate, is_rank_dir_name, scandir, stats_from
+
+
+def is_rank_dir(path: Path) -> bool:
+    return (path / lwf.INDEX).is_file() or (path / lwf.MANIFEST).is_file()
+
+
+def detect(path: Path) -> bool:
+    """A rank directory, or a run directory holding at least one."""
+    if is_rank_dir(path):
+        return True
+    return any(e.is_dir() and is_rank_dir(Path(e.path)) for e in scandir(path))
+
+
+@dataclass(slots=True)
+class _Rank:
+    path: Path
+    rank: int
+    offset: int = 0
+    """Bytes of ``index.jsonl`` consumed (always at a line boundary)."""
+    topo_sig: tuple[int, int] | None = None
+    ended: bool = False
+    seen: set[TensorKey] = field(default_factory=set)
+
+
+class LayerwatchReader:
+    """Reads ``{dump}/{device}_{pid}/index.jsonl`` (+ topology) incrementally."""
+
+    fmt = "layerwatch"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._single = is_rank_dir(root)
+        self._run_dir = root.parent if self._single else root
+        self._ranks: dict[str, _Rank] = {}
+        self._index = RankIndex()
+        self._complete = False
+        self._gone_noted = False
+
+    def watch_roots(self) -> list[Path]:
+        return [self.root]
+
+    # --- polling -------------------------------------------------------------------------
+    def poll(self, changed: Sequence[Path] | None = None) -> ReaderUpdate:
+        update = ReaderUpdate()
+        if not self.root.is_dir():
+            if not self._gone_noted:
+                update.notes.append(f"{self.root}: dump directory disappeared")
+                self._gone_noted = True
+            update.complete = self._complete
+            return update
+        if changed is None:
+            for state in self._discover():
+                self._read_topology(state, update)
+                self._read_index(state, update)
+        else:
+            for path in changed:
+                self._on_change(Path(path), update)
+        if self._ranks and all(s.ended for s in self._ranks.values()) and not self._complete:
+            self._complete = True
+        update.complete = self._complete
+        return update
+
+    def _discover(self) -> list[_Rank]:
+        if self._single:
+            names = [self.root.name]
+        else:
+            names = [
+                e.name
+                for e in scandir(self._run_dir)
+                if e.is_dir() and (is_rank_dir_name(e.name) or is_rank_dir(Path(e.path)))
+            ]
+            names = [n for n in names if is_rank_dir(self._run_dir / n)]
+        self._index.assign(names)
+        for name in names:
+            if name not in self._ranks:
+                self._ranks[name] = _Rank(self._run_dir / name, self._index(name))
+        return list(self._ranks.values())
+
+    def _on_change(self, path: Path, update: ReaderUpdate) -> None:
+        if path == self.root or path == self._run_dir:
+            for state in self._discover():
+                self._read_topology(state, update)
+                self._read_index(state, update)
+            return
+        rank_dir = path
+        while rank_dir.parent != self._run_dir and rank_dir.parent != rank_dir:
+            rank_dir = rank_dir.parent
+        if rank_dir.parent != self._run_dir or (self._single and rank_dir != self.root):
+            return
+        state = self._ranks.get(rank_dir.name)
+        if state is None:
+            if not is_rank_dir(rank_dir):
+                return  # a rank directory whose index does not exist yet
+            self._discover()
+            state = self._ranks.get(rank_dir.name)
+            if state is None:
+                return
+        name = path.name
+        if path == rank_dir or name in (lwf.INDEX, lwf.MANIFEST):
+            self._read_topology(state, update)
+            self._read_index(state, update)
+        elif name == lwf.TOPOLOGY:
+            self._read_topology(state, update)
+
+    # --- index -----------------------------------------------------------------------------
+    def _read_index(self, state: _Rank, update: ReaderUpdate) -> None:
+        try:
+            with open(state.path / lwf.INDEX, "rb") as fh:
+                fh.seek(state.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            update.notes.append(f"{state.path / lwf.INDEX}: cannot read: {exc.strerror}")
+            return
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return  # only a partial line so far
+        start_offset = state.offset
+        state.offset += end + 1
+        for lineno, line in enumerate(chunk[: end + 1].splitlines()):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                update.notes.append(
+                    f"{state.path / lwf.INDEX}: skipped a corrupt index line "
+                    f"(line {lineno + 1} after byte {start_offset})"
+                )
+                continue
+            self._apply(state, obj, update)
+
+    def _apply(self, state: _Rank, obj: dict, update: ReaderUpdate) -> None:
+        kind = obj.get("k")
+        if kind == lwf.K_TENSOR:
+            try:
+                entry = lwf.IndexTensor.from_json(obj)
+                record = self._record(state, entry)
+            except (KeyError, TypeError, ValueError, LayerwatchError) as exc:
+                update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad tensor line ({exc})")
+                return
+            if record.key not in state.seen:
+                state.seen.add(record.key)
+                update.tensors.append(record)
+        elif kind == lwf.K_TOKEN:
+            try:
+                update.token_ids[int(obj["token"])] = tuple(
+                    int(i) for i in obj.get("input_ids", ())
+                )
+            except (KeyError, TypeError, ValueError):
+                update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad token line")
+        elif kind == lwf.K_END:
+            state.ended = True
+            status = obj.get("status", lwf.STATUS_COMPLETE)
+            if status != lwf.STATUS_COMPLETE:
+                update.notes.append(f"{state.path.name}: capture stopped: {status}")
+        elif kind == lwf.K_ERROR:
+            update.notes.append(f"{state.path.name}: capture error: {obj.get('message', '?')}")
+        elif kind == "weight":
+            try:
+                name = str(obj["name"])
+                update.weights[name] = Locator(
+                    str(state.path / obj["file"]),
+                    int(obj["begin"]),
+                    int(obj["end"]) - int(obj["begin"]),
+                    canonical_dtype(str(obj["dtype"])),
+                    tuple(int(d) for d in obj["shape"]),
+                )
+            except (KeyError, TypeError, ValueError, LayerwatchError) as exc:
+                update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad weight line ({exc})")
+
+    def _record(self, state: _Rank, entry: lwf.IndexTensor) -> TensorRecord:
+        dtype = canonical_dtype(entry.dtype)
+        loc = None
+        source = ""
+        if entry.file:
+            source = os.path.join(state.path, entry.file)
+            loc = Locator(source, entry.begin, entry.end - entry.begin, dtype, entry.shape)
+        return TensorRecord(
+            key=TensorKey(entry.token, entry.node, entry.stem, state.rank),
+            dtype=dtype,
+            shape=entry.shape,
+            loc=loc,
+            stats=stats_from(entry.stats),
+            order=entry.order,
+            node_type=entry.node_type,
+            source=source,
+        )
+
+    # --- topology ---------------------------------------------------------------------------
+    def _read_topology(self, state: _Rank, update: ReaderUpdate) -> None:
+        path = state.path / lwf.TOPOLOGY
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        sig = (st.st_mtime_ns, st.st_size)
+        if sig == state.topo_sig:
+            return
+        try:
+            obj = json.loads(path.read_bytes())
+            topology = parse_topology(obj)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            update.notes.append(f"{path}: unreadable topology ({exc})")
+            return
+        state.topo_sig = sig
+        update.topology = topology
+
+
+def parse_topology(obj: dict) -> Topology:
+    """``topology.json`` (``layerwatch-topology`` v1) → :class:`Topology`."""
+    topo = Topology(root=str(obj.get("root", "root")))
+    for item in obj.get("nodes", ()):
+        node = topo.add(
+            str(item["name"]),
+            str(item.get("type", "")),
+            item.get("parent"),
+            int(item.get("order", -1)),
+        )
+        for pname, p in (item.get("params") or {}).items():
+            node.params[str(pname)] = ParamPrint(
+                shape=tuple(int(d) for d in p.get("shape", ())),
+                dtype=str(p.get("dtype", "")),
+                sum=float(p.get("sum", "nan")),
+                abs_sum=float(p.get("abs_sum", "nan")),
+                norm=float(p.get("norm", "nan")),
+                head=tuple(float(v) for v in p.get("head", ())),
+            )
+    return topo

@@ -1,0 +1,440 @@
+"""Reader for msit torch dumps: ``msit_dump_*/torch_tensors/{device}_{pid}/{token}/{node}/*.pth``.
+
+msit's ``model_tree.json`` carries no execution order (its ``order`` field is never filled), so
+the completion order at a token is derived from the files' modification times (ns), ties broken
+by the tree's post-order (children before parents, siblings in declaration order). ``.pth``
+files are read without torch (:mod:`.pth`); statistics-only dumps (``statistics.csv`` per node
+directory) become records without a locator.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from layerwatch.capture.errors import LayerwatchError
+
+from ..load import canonical_dtype, load_array
+from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
+from .base import RankIndex, ReaderUpdate, is_rank_dir_name, is_tmp_name, scandir
+from .pth import PthIncomplete, pth_locator
+
+TREE = "model_tree.json"
+TENSOR_EXT = (".pth", ".pt", ".npy")
+STATS_CSV = "statistics.csv"
+_STALE_NS = 5_000_000_000
+"""A file that is still incomplete this long after its last change is reported, not waited for."""
+
+
+def _is_token(name: str) -> bool:
+    return name.isdigit()
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """What an msit path points at."""
+
+    tensors_dir: Path
+    """The ``torch_tensors`` directory (parent of the rank directories)."""
+    ranks: tuple[str, ...] | None
+    """Only these rank directories (the user pointed at a rank or token dir), or ``None``: all."""
+    token: int | None
+    """Only this token (the user pointed at a token dir)."""
+
+
+def _has_node_dirs(token_dir: str) -> bool:
+    return any(e.is_dir() and e.name.startswith("root") for e in scandir(token_dir))
+
+
+def _is_rank(path: Path) -> bool:
+    """A ``{device}_{pid}`` directory of an msit torch dump (tree file or ``root*`` node dirs)."""
+    if (path / TREE).is_file():
+        return True
+    return is_rank_dir_name(path.name) and any(
+        _is_token(e.name) and e.is_dir() and _has_node_dirs(e.path) for e in scandir(path)
+    )
+
+
+def locate(path: Path) -> Where | None:
+    """Where an msit torch dump is, for any directory msit itself accepts; ``None`` if none."""
+    if (path / "torch_tensors").is_dir():
+        return Where(path / "torch_tensors", None, None)
+    if _is_token(path.name) and (
+        (path.parent / TREE).is_file()
+        or (is_rank_dir_name(path.parent.name) and _has_node_dirs(str(path)))
+    ):
+        return Where(path.parent.parent, (path.parent.name,), int(path.name))
+    if _is_rank(path):
+        return Where(path.parent, (path.name,), None)
+    has_ranks = any(
+        e.is_dir() and is_rank_dir_name(e.name) and _is_rank(Path(e.path)) for e in scandir(path)
+    )
+    if has_ranks or path.name == "torch_tensors":
+        return Where(path, None, None)
+    return None
+
+
+@dataclass(slots=True)
+class _Token:
+    order: dict[str, int] = field(default_factory=dict)
+    """Completion order of each node seen so far."""
+    has_ids: bool = False
+    id_candidates: list[tuple[int, str, Locator]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Rank:
+    path: Path
+    rank: int
+    tree_sig: tuple[int, int] | None = None
+    post: dict[str, int] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+    tokens: dict[int, _Token] = field(default_factory=dict)
+    ordered_topology: bool = False
+
+
+class MsitReader:
+    """Reads msit torch dumps (any of the directories msit itself accepts)."""
+
+    fmt = "msit"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        where = locate(root)
+        if where is None:
+            raise LayerwatchError(f"{root} is not an msit torch dump")
+        self._tensors_dir = where.tensors_dir
+        self._fixed_ranks = list(where.ranks) if where.ranks is not None else None
+        self._only_token = where.token
+        self._index = RankIndex()
+        self._ranks: dict[str, _Rank] = {}
+        self._seen: set[str] = set()
+        """Files already turned into records (or reported)."""
+        self._keys: set[TensorKey] = set()
+        self._pending: dict[str, int] = {}
+        """Incomplete files (path → first time seen incomplete, ns): retried on every poll."""
+        self._topology: Topology | None = None
+        self._gone_noted = False
+
+    def watch_roots(self) -> list[Path]:
+        return [self.root]
+
+    # --- polling -------------------------------------------------------------------------
+    def poll(self, changed: Sequence[Path] | None = None) -> ReaderUpdate:
+        update = ReaderUpdate()
+        if not self.root.is_dir():
+            if not self._gone_noted:
+                update.notes.append(f"{self.root}: dump directory disappeared")
+                self._gone_noted = True
+            return update
+        files: dict[tuple[str, int], list[tuple[str, str, int]]] = {}
+        if changed is None:
+            for state in self._discover():
+                self._read_tree(state, update)
+                for token_dir in self._token_dirs(state):
+                    self._scan_token(state, token_dir, files)
+                self._scan_weights(state, update)
+        else:
+            for path in changed:
+                self._on_change(Path(path), files, update)
+        for path in list(self._pending):
+            self._retry(path, files)
+        self._emit(files, update, full=changed is None)
+        return update
+
+    def _discover(self) -> list[_Rank]:
+        names = self._fixed_ranks
+        if names is None:
+            names = [
+                e.name
+                for e in scandir(self._tensors_dir)
+                if e.is_dir() and is_rank_dir_name(e.name)
+            ]
+        self._index.assign(names)
+        for name in names:
+            if name not in self._ranks:
+                self._ranks[name] = _Rank(self._tensors_dir / name, self._index(name))
+        return [self._ranks[n] for n in names]
+
+    def _token_dirs(self, state: _Rank) -> list[Path]:
+        if self._only_token is not None:
+            return [state.path / str(self._only_token)]
+        return sorted(
+            (Path(e.path) for e in scandir(state.path) if e.is_dir() and _is_token(e.name)),
+            key=lambda p: int(p.name),
+        )
+
+    def _scan_token(self, state: _Rank, token_dir: Path, files: dict) -> None:
+        for node in scandir(token_dir):
+            if node.is_dir():
+                self._scan_node(state, int(token_dir.name), Path(node.path), files)
+
+    def _scan_node(self, state: _Rank, token: int, node_dir: Path, files: dict) -> None:
+        for entry in scandir(node_dir):
+            self._add_file(state, token, entry.path, entry.name, files, entry)
+
+    def _add_file(
+        self, state: _Rank, token: int, path: str, name: str, files: dict,
+        entry: os.DirEntry[str] | None = None,
+    ) -> None:  # fmt: skip
+        if path in self._seen or is_tmp_name(name):
+            return
+        if not (name.endswith(TENSOR_EXT) or name == STATS_CSV):
+            return
+        try:
+            mtime = (entry.stat() if entry is not None else os.stat(path)).st_mtime_ns
+        except OSError:
+            return
+        files.setdefault((state.path.name, token), []).append((path, name, mtime))
+
+    def _on_change(self, path: Path, files: dict, update: ReaderUpdate) -> None:
+        try:
+            rel = path.relative_to(self._tensors_dir).parts
+        except ValueError:
+            return
+        if not rel:
+            for state in self._discover():
+                self._read_tree(state, update)
+                for token_dir in self._token_dirs(state):
+                    self._scan_token(state, token_dir, files)
+            return
+        if self._fixed_ranks is not None and rel[0] not in self._fixed_ranks:
+            return
+        if not is_rank_dir_name(rel[0]):
+            return
+        state = self._ranks.get(rel[0]) or self._add_rank(rel[0])
+        if len(rel) == 1:
+            self._read_tree(state, update)
+            for token_dir in self._token_dirs(state):
+                self._scan_token(state, token_dir, files)
+        elif rel[1] == TREE:
+            self._read_tree(state, update)
+        elif rel[1] == "weights":
+            self._scan_weights(state, update)
+        elif _is_token(rel[1]):
+            token = int(rel[1])
+            if self._only_token is not None and token != self._only_token:
+                return
+            if len(rel) == 2:
+                self._scan_token(state, path, files)
+            elif len(rel) == 3:
+                self._scan_node(state, token, path, files)
+            elif len(rel) == 4:
+                self._add_file(state, token, str(path), rel[3], files)
+
+    def _add_rank(self, name: str) -> _Rank:
+        self._index.assign([name])
+        state = self._ranks[name] = _Rank(self._tensors_dir / name, self._index(name))
+        return state
+
+    def _retry(self, path: str, files: dict) -> None:
+        parts = Path(path).relative_to(self._tensors_dir).parts
+        state = self._ranks.get(parts[0])
+        if state is not None and len(parts) == 4:
+            self._add_file(state, int(parts[1]), path, parts[3], files)
+
+    # --- records -----------------------------------------------------------------------------
+    def _emit(self, files: dict, update: ReaderUpdate, *, full: bool) -> None:
+        now = time.time_ns()
+        for (rank_name, token), items in files.items():
+            state = self._ranks[rank_name]
+            tok = state.tokens.setdefault(token, _Token())
+            # Nodes finish in mtime order; the tree's post-order breaks ties (coarse clocks).
+            first: dict[str, int] = {}
+            for path, _name, mtime in items:
+                node = os.path.basename(os.path.dirname(path))
+                first[node] = min(first.get(node, mtime), mtime)
+            for node in sorted(
+                (n for n in first if n not in tok.order),
+                key=lambda n: (first[n], self._post_index(state, n), n),
+            ):
+                tok.order[node] = len(tok.order)
+            for path, name, mtime in sorted(
+                items, key=lambda i: (tok.order.get(_node(i[0]), 0), i[1])
+            ):
+                if path in self._seen:
+                    continue
+                node = _node(path)
+                try:
+                    records = self._records(state, token, node, path, name)
+                except PthIncomplete:
+                    since = self._pending.setdefault(path, now)
+                    if full and now - max(since, mtime) > _STALE_NS:
+                        update.notes.append(f"{path}: incomplete file skipped")
+                        self._seen.add(path)
+                        self._pending.pop(path, None)
+                    continue
+                except LayerwatchError as exc:
+                    update.notes.append(str(exc))
+                    self._seen.add(path)
+                    self._pending.pop(path, None)
+                    continue
+                self._seen.add(path)
+                self._pending.pop(path, None)
+                for record in records:
+                    if record.key in self._keys:
+                        continue
+                    self._keys.add(record.key)
+                    record.order = tok.order[node]
+                    update.tensors.append(record)
+                    if record.key.stem == "input_0" and record.loc is not None:
+                        tok.id_candidates.append((record.order, record.dtype, record.loc))
+            self._token_ids(tok, token, update)
+            if not state.ordered_topology and self._topology is not None and tok.order:
+                for node, order in tok.order.items():
+                    if node in self._topology.nodes:
+                        self._topology.nodes[node].order = order
+                state.ordered_topology = True
+                update.topology = self._topology
+
+    def _records(
+        self, state: _Rank, token: int, node: str, path: str, name: str
+    ) -> list[TensorRecord]:
+        node_type = state.types.get(node, "")
+        if name == STATS_CSV:
+            return self._stats_records(state, token, node, path, node_type)
+        stem = name.rsplit(".", 1)[0]
+        loc = npy_locator(path) if name.endswith(".npy") else pth_locator(path)
+        key = TensorKey(token, node, stem, state.rank)
+        return [TensorRecord(key, loc.dtype, loc.shape, loc, None, -1, node_type, path)]
+
+    def _stats_records(
+        self, state: _Rank, token: int, node: str, path: str, node_type: str
+    ) -> list[TensorRecord]:
+        with open(path, "rb") as fh:
+            text = fh.read()
+        end = text.rfind(b"\n")
+        if end < 0:
+            raise PthIncomplete(f"{path}: empty statistics")
+        rows = list(csv.DictReader(io.StringIO(text[: end + 1].decode("utf-8", "replace"))))
+        outputs = sum(1 for r in rows if r.get("InputOutput", "").lower() == "output")
+        out: list[TensorRecord] = []
+        seen: set[str] = set()
+        for row in rows:
+            part = "input" if row.get("InputOutput", "").lower() == "input" else "output"
+            index = row.get("Index", "0") or "0"
+            stem = "output" if part == "output" and outputs == 1 else f"{part}_{index}"
+            while stem in seen:
+                stem += "_"
+            seen.add(stem)
+            shape = tuple(
+                int(d) for d in row.get("Shape", "()").strip("()[] ").split(",") if d.strip()
+            )
+            stats = Stats(
+                *(float(row.get(k, "nan") or "nan") for k in ("Max", "Min", "Mean", "L2Norm"))
+            )
+            dtype = canonical_dtype(row.get("DataType", "float32"))
+            key = TensorKey(token, node, stem, state.rank)
+            out.append(TensorRecord(key, dtype, shape, None, stats, -1, node_type, path))
+        # The csv grows while the run writes it: re-read it whole next time it changes.
+        self._seen.discard(path)
+        return out
+
+    def _token_ids(self, tok: _Token, token: int, update: ReaderUpdate) -> None:
+        if tok.has_ids or not tok.id_candidates:
+            return
+        for _order, dtype, loc in sorted(tok.id_candidates, key=lambda c: c[0]):
+            if dtype in ("int64", "int32", "int16", "uint8", "int8", "uint16", "uint32", "uint64"):
+                try:
+                    ids = load_array(loc).reshape(-1)
+                except LayerwatchError:
+                    continue
+                update.token_ids[token] = tuple(int(i) for i in ids)
+                tok.has_ids = True
+                return
+
+    def _post_index(self, state: _Rank, node: str) -> float:
+        if node in state.post:
+            return state.post[node]
+        parent = node.rsplit(".", 1)[0] if "." in node else ""
+        # An API folder (``{module}.{api}``) finishes inside its module: just before it.
+        return state.post.get(parent, len(state.post)) - 0.5
+
+    # --- tree and weights ----------------------------------------------------------------------
+    def _read_tree(self, state: _Rank, update: ReaderUpdate) -> None:
+        path = state.path / TREE
+        try:
+            st = path.stat()
+            sig = (st.st_mtime_ns, st.st_size)
+            if sig == state.tree_sig:
+                return
+            tree = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return  # absent, or being rewritten (msit rewrites it during token 0): next poll
+        state.tree_sig = sig
+        topology = Topology(root=str(tree.get("name", "root")))
+        post: list[str] = []
+
+        def walk(item: dict, parent: str | None) -> None:
+            name = str(item.get("name", ""))
+            topology.add(name, str(item.get("type", "")), parent)
+            state.types[name] = str(item.get("type", ""))
+            for child in item.get("children", ()):
+                if isinstance(child, dict):
+                    walk(child, name)
+            post.append(name)
+
+        walk(tree, None)
+        state.post = {name: i for i, name in enumerate(post)}
+        self._topology = topology
+        state.ordered_topology = False
+        first = min(state.tokens) if state.tokens else None
+        if first is not None and state.tokens[first].order:
+            for node, order in state.tokens[first].order.items():
+                if node in topology.nodes:
+                    topology.nodes[node].order = order
+            state.ordered_topology = True
+        update.topology = topology
+
+    def _scan_weights(self, state: _Rank, update: ReaderUpdate) -> None:
+        for entry in scandir(state.path / "weights"):
+            if entry.path in self._seen or not entry.name.endswith(TENSOR_EXT):
+                continue
+            try:
+                loc = pth_locator(entry.path)
+            except PthIncomplete:
+                continue
+            except LayerwatchError as exc:
+                update.notes.append(str(exc))
+            else:
+                update.weights[entry.name.rsplit(".", 1)[0]] = loc
+            self._seen.add(entry.path)
+
+
+def _node(path: str) -> str:
+    return os.path.basename(os.path.dirname(path))
+
+
+def npy_locator(path: str) -> Locator:
+    """A locator for a ``.npy`` file's payload (C or Fortran order)."""
+    try:
+        with open(path, "rb") as fh:
+            fmt = np.lib.format
+            major, _ = fmt.read_magic(fh)
+            read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+            shape, fortran, dtype = read(fh)
+            offset = fh.tell()
+    except FileNotFoundError:
+        raise LayerwatchError(f"{path}: file not found") from None
+    except (OSError, ValueError) as exc:
+        raise PthIncomplete(f"{path}: unreadable .npy header ({exc})") from None
+    name = canonical_dtype(np.dtype(dtype).name)
+    size = os.path.getsize(path) - offset
+    need = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if size < need:
+        raise PthIncomplete(f"{path}: truncated .npy")
+    strides = None
+    if fortran and len(shape) > 1:
+        acc, out = 1, []
+        for d in shape:
+            out.append(acc)
+            acc *= d
+        strides = tuple(out)
+    return Locator(path, offset, need, name, tuple(shape), strides)

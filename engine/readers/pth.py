@@ -1,0 +1,392 @@
+"""Read a ``torch.save`` file (``.pth``/``.pt``) into a :class:`Locator` without importing torch.
+
+A torch zip file is a ZIP_STORED archive: ``{name}/data.pkl`` (a small pickle describing the
+tensor) and ``{name}/data/{key}`` (the raw storage bytes). We parse the zip directory with
+``struct`` and the pickle with a restricted :class:`pickle.Unpickler` whose ``find_class``
+hands out inert stand-ins for the handful of globals a tensor pickle uses; every other global
+is refused before anything runs. The result points at the storage member's absolute offset, so
+loading is a plain ``np.fromfile``. Files the fast path cannot parse (torch's legacy non-zip
+format, exotic tensor types) fall back to ``torch.load(weights_only=True)`` and a cached ``.npy``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import struct
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from layerwatch.capture.errors import LayerwatchError
+
+from ..load import canonical_dtype, itemsize
+from ..records import Locator
+
+_SMALL = 1 << 16
+"""Files up to this size are read in one go; larger ones read their tail and headers only."""
+_EOCD = b"PK\x05\x06"
+_EOCD64_LOC = b"PK\x06\x07"
+_CD = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+_EOCD_S = struct.Struct("<4sHHHHIIH")
+
+
+class PthIncomplete(LayerwatchError):
+    """The file's zip framing is not complete yet (still being written): retry later."""
+
+
+class PthRefused(LayerwatchError):
+    """The pickle asked for a global that is not part of a tensor: refused, nothing executed."""
+
+
+# --- zip directory ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Member:
+    name: str
+    data_offset: int
+    size: int
+
+
+def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, _Member]:
+    """Stored members of a zip, by name, with absolute data offsets (raises PthIncomplete)."""
+    tail = head if len(head) == size else os.pread(fd, min(size, _SMALL), max(0, size - _SMALL))
+    tail_start = size - len(tail)
+    pos = tail.rfind(_EOCD)
+    if pos < 0 or pos + _EOCD_S.size > len(tail):
+        raise PthIncomplete(f"{path}: zip directory missing (file incomplete?)")
+    _, _, _, _, count, cd_size, cd_offset, _ = _EOCD_S.unpack_from(tail, pos)
+    if cd_offset == 0xFFFFFFFF or count == 0xFFFF:
+        loc = pos - 20
+        if loc < 0 or tail[loc : loc + 4] != _EOCD64_LOC:
+            raise PthIncomplete(f"{path}: zip64 directory locator missing")
+        (eocd64,) = struct.unpack_from("<Q", tail, loc + 8)
+        rec = _pread(fd, eocd64, 56, tail, tail_start)
+        count, cd_size, cd_offset = struct.unpack_from("<QQQ", rec, 32)
+    if cd_offset + cd_size > size:
+        raise PthIncomplete(f"{path}: zip directory points past the end of the file")
+    cd = _pread(fd, cd_offset, cd_size, tail, tail_start)
+    out: dict[str, _Member] = {}
+    at = 0
+    for _ in range(count):
+        if cd[at : at + 4] != b"PK\x01\x02":
+            raise LayerwatchError(f"{path}: corrupt zip directory")
+        fields = _CD.unpack_from(cd, at)
+        method, csize, name_len, extra_len, comment_len, lho = (
+            fields[4],
+            fields[8],
+            fields[10],
+            fields[11],
+            fields[12],
+            fields[16],
+        )
+        name = cd[at + 46 : at + 46 + name_len].decode("utf-8", "replace")
+        extra = cd[at + 46 + name_len : at + 46 + name_len + extra_len]
+        if csize == 0xFFFFFFFF or lho == 0xFFFFFFFF:
+            csize, lho = _zip64_extra(extra, fields[9], csize, lho)
+        at += 46 + name_len + extra_len + comment_len
+        if method != 0:
+            raise LayerwatchError(f"{path}: compressed zip member {name} (not a torch.save file)")
+        out[name] = _Member(name, lho, csize)  # data offset resolved lazily from the local header
+    return out
+
+
+def _zip64_extra(extra: bytes, usize: int, csize: int, lho: int) -> tuple[int, int]:
+    at = 0
+    while at + 4 <= len(extra):
+        tag, length = struct.unpack_from("<HH", extra, at)
+        if tag == 1:
+            values = list(struct.unpack_from(f"<{length // 8}Q", extra, at + 4))
+            if usize == 0xFFFFFFFF and values:
+                values.pop(0)
+            if csize == 0xFFFFFFFF and values:
+                csize = values.pop(0)
+            if lho == 0xFFFFFFFF and values:
+                lho = values.pop(0)
+            break
+        at += 4 + length
+    return csize, lho
+
+
+def _pread(fd: int, offset: int, length: int, buf: bytes, buf_start: int) -> bytes:
+    """``length`` bytes at ``offset``, from ``buf`` when it covers them, else from the file."""
+    if offset >= buf_start and offset + length <= buf_start + len(buf):
+        return buf[offset - buf_start : offset - buf_start + length]
+    return os.pread(fd, length, offset)
+
+
+def _data_offset(path: str, fd: int, member: _Member, head: bytes, size: int) -> int:
+    local = _pread(fd, member.data_offset, _LOCAL.size, head, 0)
+    if len(local) < _LOCAL.size or local[:4] != b"PK\x03\x04":
+        raise LayerwatchError(f"{path}: corrupt zip member {member.name}")
+    fields = _LOCAL.unpack(local)
+    start = member.data_offset + _LOCAL.size + fields[9] + fields[10]
+    if start + member.size > size:
+        raise PthIncomplete(f"{path}: member {member.name} runs past the end of the file")
+    return start
+
+
+# --- restricted unpickling -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _StorageType:
+    dtype: str | None
+    """``None`` for ``UntypedStorage`` (the dtype comes from ``_rebuild_tensor_v3``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _DType:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Storage:
+    dtype: str | None
+    key: str
+    numel: int
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """What a tensor pickle says: storage key, dtype, view geometry."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+
+
+def _spec(storage: Any, offset: Any, size: Any, stride: Any, dtype: str | None) -> TensorSpec:
+    if not isinstance(storage, _Storage) or dtype is None:
+        raise PthRefused("tensor pickle without a storage")
+    return TensorSpec(
+        storage.key, dtype, tuple(int(d) for d in size), tuple(int(s) for s in stride), int(offset)
+    )
+
+
+def _rebuild_tensor_v2(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> TensorSpec:
+    return _spec(storage, offset, size, stride, getattr(storage, "dtype", None))
+
+
+def _rebuild_tensor_v3(
+    storage: Any, offset: Any, size: Any, stride: Any, _rg: Any, _hooks: Any, dtype: Any, *_: Any
+) -> TensorSpec:
+    name = dtype.name if isinstance(dtype, _DType) else getattr(storage, "dtype", None)
+    return _spec(storage, offset, size, stride, name)
+
+
+def _rebuild_parameter(data: Any, *_: Any) -> Any:
+    return data
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    if new_type not in (_TENSOR_TYPE, _PARAMETER_TYPE) or func not in _REBUILDERS:
+        raise PthRefused("tensor subclass is not supported")
+    return func(*args)
+
+
+_TENSOR_TYPE = _DType("Tensor")
+_PARAMETER_TYPE = _DType("Parameter")
+_REBUILDERS = (_rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter)
+_LEGACY_STORAGES = {
+    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64", "ComplexDoubleStorage": "complex128",
+}  # fmt: skip
+_DTYPES = [
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+]
+_ALLOWED: dict[tuple[str, str], Any] = {
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+    ("torch", "Tensor"): _TENSOR_TYPE,
+    ("torch.nn.parameter", "Parameter"): _PARAMETER_TYPE,
+    ("torch.storage", "UntypedStorage"): _StorageType(None),
+    ("torch", "UntypedStorage"): _StorageType(None),
+    ("collections", "OrderedDict"): OrderedDict,
+    **{("torch", k): _StorageType(v) for k, v in _LEGACY_STORAGES.items()},
+    **{("torch", d): _DType(d) for d in _DTYPES},
+}
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    """Knows only tensor globals; anything else raises before it can be called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _ALLOWED[(module, name)]
+        except KeyError:
+            raise PthRefused(f"refused global {module}.{name}") from None
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise PthRefused("unexpected persistent id in tensor pickle")
+        _, stype, key, _location, numel = pid
+        if not isinstance(stype, _StorageType):
+            raise PthRefused("unexpected storage type in tensor pickle")
+        return _Storage(stype.dtype, str(key), int(numel))
+
+
+def parse_tensor_pickle(data: bytes) -> TensorSpec:
+    """The tensor described by a ``data.pkl`` (raises PthRefused for anything else)."""
+    try:
+        obj = _TensorUnpickler(io.BytesIO(data)).load()
+    except PthRefused:
+        raise
+    except Exception as exc:  # malformed pickles: any error is a refusal, never a crash
+        raise PthRefused(f"unreadable tensor pickle ({type(exc).__name__}: {exc})") from None
+    if not isinstance(obj, TensorSpec):
+        raise PthRefused(f"holds a {type(obj).__name__}, not a single tensor")
+    return obj
+
+
+# --- the public entry ------------------------------------------------------------------------
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locator:
+    """A locator for the tensor in a ``torch.save`` file.
+
+    Raises :class:`PthIncomplete` while the zip framing is incomplete (a file being written),
+    :class:`PthRefused` / :class:`LayerwatchError` with a one-line message otherwise.
+    """
+    spath = os.fspath(path)
+    try:
+        fd = os.open(spath, os.O_RDONLY)
+    except FileNotFoundError:
+        raise LayerwatchError(f"{spath}: file not found") from None
+    except OSError as exc:
+        raise LayerwatchError(f"{spath}: cannot open: {exc.strerror}") from None
+    try:
+        if size is None:
+            size = os.fstat(fd).st_size
+        head = os.pread(fd, _SMALL, 0)[:size] if size <= _SMALL else os.pread(fd, 4096, 0)
+        if head[:4] != b"PK\x03\x04":
+            if len(head) < 4 or size == 0:
+                raise PthIncomplete(f"{spath}: empty file")
+            return _fallback(spath)
+        members = _members(spath, fd, size, head)
+        pkl = next((m for n, m in members.items() if n.endswith("data.pkl")), None)
+        if pkl is None:
+            raise LayerwatchError(f"{spath}: not a torch.save file (no data.pkl)")
+        prefix = pkl.name[: -len("data.pkl")]
+        order = members.get(prefix + "byteorder")
+        if order is not None:
+            start = _data_offset(spath, fd, order, head, size)
+            if _pread(fd, start, order.size, head, 0) != b"little":
+                raise LayerwatchError(f"{spath}: big-endian torch file is not supported")
+        start = _data_offset(spath, fd, pkl, head, size)
+        try:
+            spec = parse_tensor_pickle(_pread(fd, start, pkl.size, head, 0))
+        except PthRefused as exc:
+            if "refused global torch" in str(exc) or "subclass" in str(exc):
+                return _fallback(spath)  # a torch object we do not model: torch's safe loader
+            raise PthRefused(f"{spath}: refused to unpickle: {exc}") from None
+        storage = members.get(f"{prefix}data/{spec.key}")
+        if storage is None:
+            raise PthIncomplete(f"{spath}: storage {spec.key} missing")
+        data_start = _data_offset(spath, fd, storage, head, size)
+    finally:
+        os.close(fd)
+    dtype = canonical_dtype(spec.dtype)
+    numel_needed = 0
+    if all(d > 0 for d in spec.shape):
+        numel_needed = (
+            spec.storage_offset
+            + 1
+            + sum((d - 1) * s for d, s in zip(spec.shape, spec.stride, strict=True))
+        )
+    if numel_needed * itemsize(dtype) > storage.size:
+        raise LayerwatchError(f"{spath}: tensor view runs past its storage")
+    strides = None if spec.stride == _contiguous(spec.shape) else spec.stride
+    return Locator(spath, data_start, storage.size, dtype, spec.shape, strides, spec.storage_offset)
+
+
+def is_complete_zip(path: str | os.PathLike[str], size: int | None = None) -> bool:
+    """Cheap framing check for live reading: the zip's end-of-directory record is parseable."""
+    try:
+        pth_locator(path, size)
+    except PthIncomplete:
+        return False
+    except LayerwatchError:
+        return True  # complete but unreadable: the reader reports it
+    return True
+
+
+# --- fallback through torch's safe loader ------------------------------------------------------
+def _cache_dir() -> Path:
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    path = Path(tempfile.gettempdir()) / f"layerwatch-{uid}" / "pth-cache"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _fallback(path: str) -> Locator:
+    """``torch.load(weights_only=True)`` for files the fast path cannot parse; cached as .npy."""
+    import numpy as np
+
+    st = os.stat(path)
+    digest = hashlib.sha1(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}".encode())
+    target = _cache_dir() / f"{digest.hexdigest()}.npy"
+    meta = target.with_suffix(".dtype")
+    if not (target.exists() and meta.exists()):
+        import torch  # only here: the legacy format needs torch's own reader
+
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PthRefused(f"{path}: torch.load(weights_only=True) refused it: {first}") from None
+        if not isinstance(obj, torch.Tensor):
+            raise LayerwatchError(f"{path}: holds a {type(obj).__name__}, not a single tensor")
+        tensor = obj.detach().cpu().contiguous()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if tensor.dtype == torch.bfloat16:
+            array = tensor.view(torch.int16).numpy().view(np.uint16)
+        elif dtype.startswith("float8"):
+            array = tensor.view(torch.uint8).numpy()
+        else:
+            array = tensor.numpy()
+        meta.write_text(dtype)
+        tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
+        with open(tmp, "wb") as fh:
+            np.save(fh, array)
+        os.replace(tmp, target)
+    dtype = meta.read_text().strip()
+    with open(target, "rb") as fh:
+        fmt = np.lib.format
+        major, _ = fmt.read_magic(fh)
+        read_header = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+        shape, _, _ = read_header(fh)
+        offset = fh.tell()
+    nbytes = target.stat().st_size - offset
+    return Locator(str(target), offset, nbytes, canonical_dtype(dtype), tuple(shape))
