@@ -7,7 +7,9 @@ one-line reason; nothing raises out of it for bad input.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -29,6 +31,28 @@ from .records import (
     Verdict,
 )
 from .thresholds import Thresholds, dtype_class
+
+
+def _keep_freed_chunks() -> None:
+    """Let glibc reuse freed chunk buffers instead of unmapping them (Linux only).
+
+    Every chunk the loader reads is a fresh array; above 128 KiB glibc serves it with mmap and
+    returns it to the OS on free, so the next chunk page-faults all its memory again. Measured
+    on 468 pairs of 120 k elements: the page faults were ~45 % of the CPU time. Raising the
+    mmap threshold (32 MiB) and the trim threshold (128 MiB) keeps at most that much freed
+    memory in the process; nothing else changes.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # musl or another libc: keep its defaults
+        pass
+
+
+_keep_freed_chunks()
 
 
 def compare_pair(

@@ -29,6 +29,7 @@ KL divergence and the other logits metrics live in :mod:`.logits`.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -70,9 +71,6 @@ class MetricAccumulator:
         self.exact = exact
         """Count exactly-equal elements (integer/bool pairs)."""
         self._block = block
-        self._g = np.empty(0)
-        self._t = np.empty(0)
-        self._b = np.empty(0, dtype=bool)
         self.n = 0
         self.n_finite = 0
         self.equal = 0
@@ -92,10 +90,7 @@ class MetricAccumulator:
             raise ValueError(f"chunk sizes differ: {g.size} vs {t.size}")
         if g.size == 0:
             return
-        if len(self._g) < min(g.size, self._block):
-            size = min(max(g.size, 1024), self._block)
-            self._g, self._t = np.empty(size), np.empty(size)
-            self._b = np.empty(size, dtype=bool)
+        self._g, self._t, self._b = _scratch(self._block)
         self.n += g.size
         if _same_bytes(g, t):
             self._identical(g)
@@ -211,6 +206,18 @@ class MetricAccumulator:
         if self.exact:
             out[EXACT] = self.equal / self.n if self.n else 1.0
         return out
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-thread float64 work buffers, reused across pairs: a fresh 256 KiB buffer per pair
+    is a fresh mmap, and its page faults cost as much as the arithmetic on small tensors."""
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None or len(bufs[0]) < size:
+        bufs = _SCRATCH.bufs = (np.empty(size), np.empty(size), np.empty(size, dtype=bool))
+    return bufs
 
 
 def _same_bytes(g: np.ndarray, t: np.ndarray) -> bool:
