@@ -29,6 +29,11 @@ def stem_sort(stem: str) -> tuple[object, ...]:
     return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(stem))
 
 
+def part_of(stem: str) -> str:
+    """``input``/``output`` of a stem; anything not named ``input…`` counts as an output."""
+    return "input" if stem.startswith("input") else "output"
+
+
 def _io(stem: str) -> int:
     return 0 if stem.startswith("input") else 1
 

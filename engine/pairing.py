@@ -28,11 +28,15 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from layerwatch.capture.errors import LayerwatchError
 
 from .blocks import find_layers
 from .records import Locator, TensorKey, Topology
+
+if TYPE_CHECKING:
+    from .weightmap import WeightMatch
 
 MSIT_MAPPING_FILE = "op_mapping_file.json"
 _MSIT_KEY = re.compile(r"^[A-Za-z0-9_]*$")
@@ -232,6 +236,7 @@ class Pairer:
     mode: str = "name"
     """``name``, ``rules``, ``msit-mapping``, ``weights``: what decided the pairs (for the notes)."""
     _claimed: set[str] = field(default_factory=set)
+    _weight_cache: tuple[tuple[Topology, Topology, int, int], WeightMatch] | None = None
     _node_cache: dict[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -282,8 +287,17 @@ class Pairer:
             from .weightmap import match_by_weights
 
             assert golden is not None and target is not None
-            found = match_by_weights(golden, target, *weights)
-            self.node_map = found.pairs
+            # Same topology objects and weight counts: the (costly) match cannot have changed.
+            key = (golden, target, len(weights[0]), len(weights[1]))
+            cached = self._weight_cache
+            if (
+                cached is None
+                or any(a is not b for a, b in zip(cached[0][:2], key[:2], strict=True))
+                or cached[0][2:] != key[2:]
+            ):
+                self._weight_cache = (key, match_by_weights(golden, target, *weights))
+            found = self._weight_cache[1]
+            self.node_map = dict(found.pairs)
             self.notes = found.notes
             self.mode = "weights"
         self._claimed = set(self.node_map.values())

@@ -19,6 +19,7 @@ from layerwatch.capture.tokens import TokenSelection
 
 from . import findings
 from .cells import aggregate, same_cell
+from .findings import part_of
 from .jobs import CompareFn, JobRunner, Work
 from .pairing import MappingSpec, Pairer, load_mapping
 from .records import PairResult, TensorKey, TensorRecord, Topology, Verdict
@@ -403,7 +404,7 @@ class CompareSession(SessionState):
             target=record if side == "target" else None,
             order=self._order_of(side, record),
             node_type=record.node_type,
-            block=self._layout.block_of(gnode, key.part),
+            block=self._layout.block_of(gnode, part_of(key.stem)),
         )
 
     def _summary(self) -> Summary:

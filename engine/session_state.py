@@ -21,7 +21,7 @@ from layerwatch.capture.tokens import TokenSelection
 
 from .blocks import BlockLayout, layout_for, topology_from_names
 from .cells import is_failure
-from .findings import stem_sort
+from .findings import part_of, stem_sort
 from .records import Locator, PairResult, TensorKey, TensorRecord, Topology, Verdict
 from .seam import CellUpdate, Finding
 
@@ -140,7 +140,7 @@ class SessionState:
                     key.token,
                 )
                 self._names_dirty = True
-            if key.part == "output" and _is_float(record.dtype) and record.shape:
+            if part_of(key.stem) == "output" and _is_float(record.dtype) and record.shape:
                 self._float_out.setdefault(key.node, record.shape[-1])
             if old is None:
                 self._node_keys[(key.token, key.rank, key.node)].add(key)
@@ -239,7 +239,7 @@ class SessionState:
             target,
             order=self._order_of("golden", golden),
             node_type=golden.node_type or target.node_type or raw.node_type,
-            block=self._layout.block_of(pair.gkey.node, pair.gkey.part),
+            block=self._layout.block_of(pair.gkey.node, part_of(pair.gkey.stem)),
             is_logits=pair.logits,
         )
 
@@ -284,7 +284,7 @@ class SessionState:
         if tag == "t":
             mapped = self._tmap.get(key)
             node = mapped.node if mapped is not None else key.node
-        block = self._layout.block_of(node, key.part)
+        block = self._layout.block_of(node, part_of(key.stem))
         return (key.token, block) if block >= 0 else None
 
     def _place(self, member: Member) -> None:
@@ -376,11 +376,11 @@ class SessionState:
         groups_g: dict[tuple[object, ...], list[TensorKey]] = defaultdict(list)
         groups_t: dict[tuple[object, ...], list[TensorKey]] = defaultdict(list)
         for gkey in self._gonly:
-            groups_g[(gkey.token, gkey.rank, gkey.node, gkey.part)].append(gkey)
+            groups_g[(gkey.token, gkey.rank, gkey.node, part_of(gkey.stem))].append(gkey)
         for tkey in self._tonly:
             mapped = self._tmap.get(tkey)
             if mapped is not None:
-                groups_t[(tkey.token, tkey.rank, mapped.node, tkey.part)].append(tkey)
+                groups_t[(tkey.token, tkey.rank, mapped.node, part_of(tkey.stem))].append(tkey)
         found: dict[TensorKey, TensorKey] = {}
         for group, gkeys in groups_g.items():
             tkeys = groups_t.get(group)
