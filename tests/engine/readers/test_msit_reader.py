@@ -1,0 +1,200 @@
+"""msit torch dumps (fixtures written by msit 8.2.0): keys, values, order, token ids, live reading."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from layerwatch.engine.load import load_array
+from layerwatch.engine.readers import open_dump
+
+from .conftest import FIXTURES
+
+GOLDEN = FIXTURES / "msit" / "golden" / "msit_dump_fixture"
+TARGET = FIXTURES / "msit" / "target" / "msit_dump_fixture"
+STATS = FIXTURES / "msit" / "stats" / "msit_dump_fixture"
+RANK = GOLDEN / "torch_tensors" / "cpu_1000"
+IDS = {0: (11, 42, 7, 93), 1: (92,), 2: (63,)}
+
+
+def _torch(path: str) -> np.ndarray:
+    t = torch.load(path, weights_only=True).detach()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def test_golden_fixture_keys_values_and_token_ids() -> None:
+    update = open_dump(GOLDEN).poll()
+    assert update.notes == []
+    assert update.token_ids == IDS
+    files = sorted(str(p) for p in RANK.glob("[0-9]*/*/*.pth"))
+    assert sorted(r.source for r in update.tensors) == files
+    for record in update.tensors:
+        token, node, name = Path(record.source).parts[-3:]
+        assert (record.key.token, record.key.node, record.key.stem) == (int(token), node, name[:-4])
+        expected = _torch(record.source)
+        got = load_array(record.loc)
+        assert got.shape == expected.shape == record.shape
+        np.testing.assert_array_equal(got, expected)
+    types = {r.key.node: r.node_type for r in update.tensors}
+    assert types["root.model.layers.0.mlp.down_proj"] == "Linear"
+    assert types["root.model.layers.1"] == "LlamaDecoderLayer"
+    assert {
+        r.dtype for r in update.tensors if r.key.stem == "input_0" and "embed" in r.key.node
+    } == {"int64"}
+
+
+def test_execution_order_inner_before_outer() -> None:
+    update = open_dump(GOLDEN).poll()
+    for token in IDS:
+        order = {r.key.node: r.order for r in update.tensors if r.key.token == token}
+        assert sorted(order.values()) == list(range(len(order)))  # dense per token
+        chain = [
+            "root.model.embed_tokens",
+            "root.model.layers.0.input_layernorm",
+            "root.model.layers.0.self_attn.q_proj",
+            "root.model.layers.0.self_attn",
+            "root.model.layers.0.mlp.down_proj",
+            "root.model.layers.0.mlp",
+            "root.model.layers.0",
+            "root.model.layers.1.mlp.down_proj",
+            "root.model.layers.1",
+            "root.model.norm",
+            "root.lm_head",
+        ]
+        assert [order[n] for n in chain] == sorted(order[n] for n in chain)
+    topo = update.topology
+    assert (
+        topo is not None and topo.nodes["root.model.layers.1.mlp"].parent == "root.model.layers.1"
+    )
+    assert (
+        topo.nodes["root.model.layers.0.mlp.down_proj"].order
+        < topo.nodes["root.model.layers.0"].order
+    )
+
+
+def test_weights_and_every_accepted_directory() -> None:
+    update = open_dump(RANK).poll()
+    assert len(update.weights) == 21
+    w = update.weights["root.model.layers.1.mlp.down_proj.weight"]
+    np.testing.assert_array_equal(
+        load_array(w),
+        _torch(str(RANK / "weights" / "root.model.layers.1.mlp.down_proj.weight.pth")),
+    )
+    n_all = len(update.tensors)
+    assert len(open_dump(GOLDEN / "torch_tensors").poll().tensors) == n_all
+    only_1 = open_dump(RANK / "1").poll()
+    assert {r.key.token for r in only_1.tensors} == {1} and only_1.token_ids == {1: IDS[1]}
+
+
+def test_target_pairs_with_golden_and_differs_at_the_fault() -> None:
+    golden = {r.key: r for r in open_dump(GOLDEN).poll().tensors}
+    target = {r.key: r for r in open_dump(TARGET).poll().tensors}
+    assert set(golden) == set(target)
+    key = next(
+        k for k in golden if k.node == "root.model.layers.1.mlp.down_proj" and k.stem == "output"
+    )
+    assert not np.array_equal(load_array(golden[key].loc), load_array(target[key].loc))
+    before = next(
+        k for k in golden if k.node == "root.model.layers.1.mlp.down_proj" and k.stem == "input_0"
+    )
+    np.testing.assert_array_equal(load_array(golden[before].loc), load_array(target[before].loc))
+
+
+def test_statistics_only_dump() -> None:
+    update = open_dump(STATS).poll()
+    assert update.tensors and all(r.loc is None and r.stats is not None for r in update.tensors)
+    by_key = {(r.key.token, r.key.node, r.key.stem): r for r in update.tensors}
+    attn = by_key[(0, "root.model.layers.0.self_attn", "output_1")]
+    assert attn.shape == (1, 4, 4, 4) and attn.stats.max == 1.0 and attn.stats.mean == 0.25
+    golden = open_dump(GOLDEN).poll()
+    down = next(
+        r
+        for r in golden.tensors
+        if r.key == by_key[(0, "root.model.layers.0.mlp.down_proj", "output")].key
+    )
+    values = load_array(down.loc)
+    stats = by_key[(0, "root.model.layers.0.mlp.down_proj", "output")].stats
+    assert stats.max == pytest.approx(float(values.max())) and stats.min == pytest.approx(
+        float(values.min())
+    )
+    assert {k[2] for k in by_key if k[1] == "root.model.layers.0.mlp.down_proj"} == {
+        "input_0",
+        "output",
+    }
+
+
+def _copy_tree_live(src: Path, dst: Path) -> list[Path]:
+    """Copy a rank dir file by file in modification-time order; return the new paths in order."""
+    files = sorted((p for p in src.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime_ns)
+    out = []
+    for f in files:
+        target = dst / f.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target)
+        out.append(target)
+    return out
+
+
+def test_live_polling_per_file_equals_a_full_scan(tmp_path: Path) -> None:
+    rank = tmp_path / "msit_dump_x" / "torch_tensors" / "cpu_1000"
+    rank.mkdir(parents=True)
+    reader = open_dump(tmp_path / "msit_dump_x")
+    seen = []
+    ids: dict[int, tuple[int, ...]] = {}
+    for path in _copy_tree_live(RANK, rank):
+        update = reader.poll([path])
+        seen += update.tensors
+        ids.update(update.token_ids)
+    full = open_dump(tmp_path / "msit_dump_x").poll().tensors
+    assert sorted(r.key for r in seen) == sorted(r.key for r in full)
+    assert len({r.key for r in seen}) == len(seen)  # never twice
+    assert ids == IDS
+    live_order = {r.key: r.order for r in seen}
+    assert all(live_order[r.key] == r.order for r in full)
+
+
+def test_a_partial_pth_is_skipped_then_read_once_complete(tmp_path: Path) -> None:
+    rank = tmp_path / "torch_tensors" / "cpu_7"
+    node = rank / "0" / "root.lin"
+    node.mkdir(parents=True)
+    reader = open_dump(tmp_path)
+    data = (RANK / "0" / "root.lm_head" / "output.pth").read_bytes()
+    path = node / "output.pth"
+    path.write_bytes(data[: len(data) // 2])
+    assert reader.poll([path]).tensors == []
+    with open(path, "ab") as fh:
+        fh.write(data[len(data) // 2 :])
+    (record,) = reader.poll([path]).tensors  # the retry list picks it up even without an event
+    assert record.key.node == "root.lin" and record.shape == (1, 1, 100)
+    assert reader.poll([path]).tensors == [] and reader.poll().tensors == []
+
+
+def test_order_follows_mtimes_then_declaration(tmp_path: Path) -> None:
+    rank = tmp_path / "torch_tensors" / "cpu_1"
+    shutil.copytree(RANK, rank, ignore=shutil.ignore_patterns("1", "2", "weights"))
+    base = 1_700_000_000_000_000_000
+    # Make q_proj finish last, then give two nodes the same time: the tree's post-order decides.
+    for i, p in enumerate(sorted((rank / "0").rglob("*.pth"))):
+        os.utime(p, ns=(base, base + i * 1000))
+    late = base + 10**12
+    for p in (rank / "0" / "root.model.layers.0.self_attn.q_proj").glob("*.pth"):
+        os.utime(p, ns=(late, late))
+    for node in ("root.model.layers.1.mlp", "root.model.layers.1.mlp.down_proj"):
+        for p in (rank / "0" / node).glob("*.pth"):
+            os.utime(p, ns=(base, base))
+    order = {r.key.node: r.order for r in open_dump(rank).poll().tensors}
+    assert order["root.model.layers.0.self_attn.q_proj"] == max(order.values())
+    assert order["root.model.layers.1.mlp.down_proj"] < order["root.model.layers.1.mlp"]
+
+
+def test_removed_directory_is_a_note(tmp_path: Path) -> None:
+    shutil.copytree(RANK, tmp_path / "cpu_1000")
+    reader = open_dump(tmp_path / "cpu_1000")
+    assert reader.poll().tensors
+    shutil.rmtree(tmp_path / "cpu_1000")
+    update = reader.poll([tmp_path / "cpu_1000" / "0"])
+    assert update.tensors == [] and any("disappeared" in n for n in update.notes)
