@@ -67,7 +67,7 @@ GLYPH_DIVERGED = "≠"
 def _digits(q: int) -> str:
     if q == Q_EXACT:
         return "  =  "
-    if q == Q_UNKNOWN:
+    if q > Q_MAX:
         return "  ?  "
     return f" {q / 10:3.1f} "
 

@@ -58,7 +58,8 @@ class CellSummary(Static):
             return text
         sep = "\n" if self.tall else " · "
         text.append(f"token {info.token} · {fmt.block_words(info.block)}", style="bold")
-        text.append(f"{sep}{info.block.node}" if info.block.node else "", style="dim")
+        if self.tall and info.block.node:
+            text.append(f"{sep}{info.block.node}", style="dim")
         text.append("\n" if self.tall else " · ")
         text.append(fmt.STATE_WORDS[info.state], style=STATE_STYLE.get(info.state, "dim"))
         if info.pairs:

@@ -62,7 +62,8 @@ class Scenario:
     tokens: int = 8
     layers: int = 8
     seed: int = 0
-    fault_token: int = 3
+    fault_token: int | None = 3
+    """Token where the fault starts; None = a clean run."""
     fault_layer: int = 2
     fault_op: str = "self_attn.o_proj"
     fault_cos: float = 0.912
@@ -237,7 +238,7 @@ class SyntheticSource:
                 upstream_err = None
                 for order, node in enumerate(nodes):
                     err = 10 ** -rng.uniform(4.4, 6.2) * (1 + 0.15 * b)
-                    bad = sc.fault_token <= t and b >= fault_block
+                    bad = sc.fault_token is not None and sc.fault_token <= t and b >= fault_block
                     if bad and (b > fault_block or order >= LAYER_OPS.index(sc.fault_op)):
                         err = 10 ** -rng.uniform(1.3, 2.4)
                     if t == sc.fault_token and b == fault_block and node.endswith(sc.fault_op):

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from ..app import LayerwatchApp
 
 BAR_WIDTH = 30
+WIDE = 130
+"""From this width on, the sections sit in two columns."""
 
 
 def _table(*headers: str) -> Table:
@@ -119,7 +121,7 @@ def histogram(detail: PairDetail) -> RenderableType:
     if not counts:
         return Text("no histogram (statistics-only dump, or nothing to compare)", style="dim")
     peak = max(counts) or 1
-    table = _table(detail.histogram_label or "error", "", "count")
+    table = _table("bin", "", "count")
     for i, count in enumerate(counts):
         lo, hi = edges[i], edges[i + 1] if i + 1 < len(edges) else edges[i]
         bar = "█" * round(BAR_WIDTH * count / peak) if count else ""
@@ -144,7 +146,8 @@ def worst_table(detail: PairDetail) -> RenderableType:
     return table
 
 
-def render_detail(detail: PairDetail, block: BlockInfo | None) -> Group:
+def render_detail(detail: PairDetail, block: BlockInfo | None, width: int = 80) -> RenderableType:
+    """The whole view; two columns of sections when the terminal is wide enough."""
     result = detail.result
     bad = result.verdict in (Verdict.FAIL, Verdict.ERROR)
     head = Text()
@@ -152,8 +155,9 @@ def render_detail(detail: PairDetail, block: BlockInfo | None) -> Group:
     if block is not None:
         head.append(f"{fmt.block_words(block)} · ", style="bold")
     head.append(f"{fmt.relative_node(result.key.node, block)} · {result.key.stem}", style="bold")
+    head.append("  ")
     head.append(
-        f"  {result.verdict.value.upper()} ",
+        f" {result.verdict.value.upper()} ",
         style="bold reverse red" if bad else "bold reverse green",
     )
     head.append(f"\n{result.key.node}", style="dim")
@@ -166,23 +170,31 @@ def render_detail(detail: PairDetail, block: BlockInfo | None) -> Group:
     def section(title: str) -> Text:
         return Text(f"\n{title}", style="bold underline")
 
-    return Group(
-        head,
-        Text(""),
-        why,
+    left = [
         section("golden vs target"),
         sides_table(detail.golden, detail.target),
         section("metrics against thresholds"),
         checks_table(detail),
         section("inputs of this operator"),
         inputs_table(detail.inputs),
-        section("error histogram"),
+    ]
+    right = [
+        section(
+            f"error histogram · {detail.histogram_label}"
+            if detail.histogram_label
+            else "error histogram"
+        ),
         histogram(detail),
         section("worst elements"),
         worst_table(detail),
-        section("files"),
-        files,
-    )
+    ]
+    if width < WIDE:
+        return Group(head, Text(""), why, *left, *right, section("files"), files)
+    columns = Table.grid(padding=(0, 6, 0, 0))
+    columns.add_column()
+    columns.add_column()
+    columns.add_row(Group(*left), Group(*right))
+    return Group(head, Text(""), why, columns, section("files"), files)
 
 
 class OperatorScreen(Screen[None]):
@@ -229,7 +241,13 @@ class OperatorScreen(Screen[None]):
             )
             return
         self.detail = message.detail
-        static.update(render_detail(message.detail, self.block))
+        static.update(render_detail(message.detail, self.block, self.size.width))
+
+    def on_resize(self) -> None:
+        if self.detail is not None:
+            self.query_one("#detail", Static).update(
+                render_detail(self.detail, self.block, self.size.width)
+            )
 
     def action_scroll_down(self) -> None:
         self.query_one("#detail-scroll").scroll_down(animate=False)
