@@ -100,8 +100,10 @@ def test_waits_for_missing_dir_and_follows_new_dirs(tmp_path: Path, watch, poll:
     _atb(later / "y.bin")
     want_dirs = {root, root / "cpu_5", token, root / "cpu_6", later}
     sink.until(
-        lambda got: {"x.bin", "y.bin"} <= {a.path.name for a in got}
-        and want_dirs <= {a.path for a in got if a.kind is ArrivalKind.DIR}
+        lambda got: (
+            {"x.bin", "y.bin"} <= {a.path.name for a in got}
+            and want_dirs <= {a.path for a in got if a.kind is ArrivalKind.DIR}
+        )
     )
     sink.settle(0.5)
     assert sorted(sink.files()) == ["x.bin", "y.bin"]
