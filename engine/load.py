@@ -129,7 +129,9 @@ _FP8 = {"float8_e4m3fn": _fp8_table(4, 3, True), "float8_e5m2": _fp8_table(5, 2,
 def _decode(raw: np.ndarray, dt: str, as_float: bool) -> np.ndarray:
     """Stored elements → result elements (a no-op view for most dtypes)."""
     if dt == "bfloat16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        wide = raw.astype(np.uint32)  # one allocation; the shift is in place
+        wide <<= 16
+        return wide.view(np.float32)
     if dt in _FP8:
         return _FP8[dt][raw]
     if not raw.dtype.isnative:

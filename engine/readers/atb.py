@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -132,7 +133,7 @@ class AtbReader:
                     self._walk(state, int(token_dir.name), token_dir, found)
         else:
             for path in changed:
-                self._on_change(Path(path), found, update)
+                self._on_change(Path(os.path.abspath(path)), found, update)
         self._emit(found, update)
         return update
 
@@ -157,10 +158,10 @@ class AtbReader:
         dirs = [Path(e.path) for e in scandir(state.path) if e.is_dir() and e.name.isdigit()]
         return sorted(dirs, key=lambda p: int(p.name))
 
-    def _walk(self, state: _Rank, token: int, directory: Path, found: list) -> None:
+    def _walk(self, state: _Rank, token: int, directory: str | Path, found: list) -> None:
         for entry in scandir(directory):
             if entry.is_dir():
-                self._walk(state, token, Path(entry.path), found)
+                self._walk(state, token, entry.path, found)
             elif (
                 entry.name.endswith(".bin")
                 and entry.path not in self._seen
@@ -231,7 +232,7 @@ class AtbReader:
     def _parse(
         self, state: _Rank, token: int, path: str, update: ReaderUpdate
     ) -> tuple[TensorRecord, bool] | None:
-        parts = Path(path).relative_to(state.path / str(token)).parts
+        parts = path[len(str(state.path)) + len(str(token)) + 2 :].split(os.sep)
         match = _TENSOR.match(parts[-1]) if len(parts) >= 3 else None
         if (
             match is None

@@ -75,7 +75,7 @@ class LayerwatchReader:
                 self._read_index(state, update)
         else:
             for path in changed:
-                self._on_change(Path(path), update)
+                self._on_change(Path(os.path.abspath(path)), update)
         if self._ranks and all(s.ended for s in self._ranks.values()) and not self._complete:
             self._complete = True
         update.complete = self._complete

@@ -143,7 +143,7 @@ class MsitReader:
                 self._scan_weights(state, update)
         else:
             for path in changed:
-                self._on_change(Path(path), files, update)
+                self._on_change(Path(os.path.abspath(path)), files, update)
         for path in list(self._pending):
             self._retry(path, files)
         self._emit(files, update, full=changed is None)

@@ -108,7 +108,7 @@ class MsprobeReader:
         wanted: set[Path] | None = None
         if changed is not None:
             wanted = set()
-            for p in map(Path, changed):
+            for p in (Path(os.path.abspath(c)) for c in changed):
                 for cand in (p, *p.parents):
                     if _RANK.match(cand.name):
                         wanted.add(cand)
