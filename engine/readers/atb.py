@@ -111,6 +111,8 @@ class AtbReader:
         self._ranks: dict[str, _Rank] = {}
         self._seen: set[str] = set()
         self._keys: set[TensorKey] = set()
+        self._pending: dict[str, tuple[_Rank, int]] = {}
+        """Files still being written (header or payload short): retried on every poll."""
         self._topology: Topology | None = None
         self._gone_noted = False
 
@@ -134,6 +136,7 @@ class AtbReader:
         else:
             for path in changed:
                 self._on_change(Path(os.path.abspath(path)), found, update)
+        found += [(state, token, path) for path, (state, token) in self._pending.items()]
         self._emit(found, update)
         return update
 
@@ -221,8 +224,13 @@ class AtbReader:
                 parsed.append(item)
         # before/ wins for inputs, after/ for outputs: emit preferred files first.
         parsed.sort(key=lambda r: (r[0].key, not r[1]))
-        for record, _preferred in parsed:
+        for record, preferred in parsed:
             if record.key in self._keys:
+                continue
+            if not preferred and _counterpart(record.source) in self._pending:
+                # The preferred copy (before/ for inputs) is still being written: wait for it.
+                self._seen.discard(record.source)
+                self._pending[record.source] = self._pending[_counterpart(record.source)]
                 continue
             self._keys.add(record.key)
             update.tensors.append(record)
@@ -248,12 +256,15 @@ class AtbReader:
         try:
             header = read_header(path)
         except BinIncomplete:
-            return None  # still being written: the next poll (or event) picks it up
+            self._pending[path] = (state, token)  # still being written: retried next poll
+            return None
         except LayerwatchError as exc:
             self._seen.add(path)
+            self._pending.pop(path, None)
             update.notes.append(str(exc))
             return None
         self._seen.add(path)
+        self._pending.pop(path, None)
         key = TensorKey(token, node, stem, state.rank)
         node_type = _OP_DIR.match(ops[-1]).group(2)  # type: ignore[union-attr]
         order = structural_order(ops)
@@ -401,6 +412,12 @@ class AtbReader:
             for i, item in enumerate(obj.get("nodes") or ()):
                 walk(item, start + i, "root")
         self._topology = update.topology = topo
+
+
+def _counterpart(path: str) -> str:
+    """``…/after/intensor0.bin`` ↔ ``…/before/intensor0.bin``."""
+    head, side, name = path.rsplit(os.sep, 2)
+    return os.sep.join((head, "before" if side == "after" else "after", name))
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -117,6 +117,8 @@ def test_live_files_before_after_and_odd_files(tmp_path: Path) -> None:
     p_in.write_bytes(full[:-7])  # payload not all there yet
     assert reader.poll([p_in]).tensors == []
     p_in.write_bytes(full)
+    (retried,) = reader.poll([]).tensors  # no new event needed: pending files are retried
+    assert retried.key.stem == "input_0"
     atb.write_bin(op / "after" / "intensor0.bin", x + 1)  # after/ input: before/ wins
     atb.write_bin(op / "after" / "outtensor0.bin", y)
     (op / "after" / "outtensor1.bin").write_bytes(
@@ -128,7 +130,7 @@ def test_live_files_before_after_and_odd_files(tmp_path: Path) -> None:
         )
     )  # a statistics file
     update = reader.poll([op / "before" / "intensor0.bin", op / "after"])
-    got = {r.key.stem: r for r in update.tensors}
+    got = {r.key.stem: r for r in update.tensors} | {"input_0": retried}
     assert set(got) == {"input_0", "output_0", "output_2"}
     np.testing.assert_array_equal(load_array(got["input_0"].loc), x)
     np.testing.assert_array_equal(load_array(got["output_0"].loc), y)
@@ -137,6 +139,23 @@ def test_live_files_before_after_and_odd_files(tmp_path: Path) -> None:
     assert reader.poll().tensors == []  # nothing twice
     shutil.rmtree(tmp_path / "tensors")
     assert any("disappeared" in n for n in reader.poll().notes)
+
+
+def test_non_preferred_copy_waits_for_the_preferred_one(tmp_path: Path) -> None:
+    x = np.arange(8, dtype=np.float32)
+    op = tmp_path / "tensors" / "0_1" / "0" / "0_Add"
+    (op / "before").mkdir(parents=True)
+    before = op / "before" / "intensor0.bin"
+    data = atb.bin_bytes(x.tobytes(), 0, x.shape)
+    before.write_bytes(data[:-4])  # header written, payload coming
+    reader = open_dump(tmp_path)
+    assert reader.poll().tensors == []
+    atb.write_bin(op / "after" / "intensor0.bin", x * 7)  # the op already ran in place
+    assert reader.poll([op / "after" / "intensor0.bin"]).tensors == []
+    before.write_bytes(data)
+    (record,) = reader.poll([before]).tensors
+    np.testing.assert_array_equal(load_array(record.loc), x)
+    assert reader.poll().tensors == []
 
 
 def test_nd_shape_can_be_given(tmp_path: Path) -> None:
