@@ -1,8 +1,10 @@
-"""Running pair comparisons: small pairs inline, big ones in a process pool.
+"""Running pair comparisons: inline, or in a process pool when there is enough work.
 
-A pool round trip costs ~0.1-0.3 ms and a worker start ~0.1 s, so only pairs of at least
-``big_bytes`` (golden + target payload) go to the pool, and only when there are several of
-them; everything else runs in the calling thread, where the per-pair cost is the metric itself.
+A pool round trip costs ~0.1-0.3 ms and a forked worker a few ms, so the pool is used only with
+``jobs > 1`` and at least two big pairs (``big_bytes`` of golden + target payload) or a few
+hundred small ones; big pairs travel one per task (largest first), small ones in batches, so
+the per-task cost is paid once per batch. A live session's flushes are usually small and stay
+inline, where the per-pair cost is the metric itself.
 """
 
 from __future__ import annotations
@@ -10,12 +12,20 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from layerwatch.capture.errors import LayerwatchError
 
 from .records import PairResult, TensorRecord, Verdict
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+SMALL_BATCH = 64
+"""Small pairs per pool task."""
+MIN_SMALL_FOR_POOL = 256
+"""Fewer small pairs than this (and no big ones) are compared inline."""
 
 CompareFn = Callable[..., PairResult]
 """``compare(golden, target, thresholds, *, is_logits=False) -> PairResult`` (picklable)."""
@@ -44,6 +54,15 @@ def run_one(compare: CompareFn, thresholds: object, work: Work) -> PairResult:
         message = str(exc)
     except Exception as exc:  # a bug or an unreadable payload: report it on the pair
         message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return _error(work, message)
+
+
+def run_many(compare: CompareFn, thresholds: object, works: list[Work]) -> list[PairResult]:
+    """One pool task: several pairs, results in order."""
+    return [run_one(compare, thresholds, w) for w in works]
+
+
+def _error(work: Work, message: str) -> PairResult:
     return PairResult(
         work.golden.key,
         Verdict.ERROR,
@@ -66,50 +85,61 @@ class JobRunner:
         self.big_bytes = big_bytes
         self._pool: Executor | None = None
 
+    def tasks(self, work: Sequence[Work]) -> list[list[int]] | None:
+        """How ``work`` is cut into pool tasks, or ``None`` to compare it inline."""
+        if self.jobs <= 1:
+            return None
+        big = sorted(
+            (i for i, w in enumerate(work) if w.nbytes >= self.big_bytes),
+            key=lambda i: -work[i].nbytes,
+        )
+        small = [i for i, w in enumerate(work) if w.nbytes < self.big_bytes]
+        if len(big) < 2 and len(small) < MIN_SMALL_FOR_POOL:
+            return None
+        size = max(1, min(SMALL_BATCH, -(-len(small) // (4 * self.jobs))))
+        return [[i] for i in big] + [small[k : k + size] for k in range(0, len(small), size)]
+
     def run(
         self, work: Sequence[Work], progress: Callable[[int, int], None] | None = None
     ) -> list[PairResult]:
         """Results in the order of ``work``."""
-        results: list[PairResult | None] = [None] * len(work)
-        big = [i for i, w in enumerate(work) if w.nbytes >= self.big_bytes] if self.jobs > 1 else []
-        if len(big) < 2:
-            big = []
-        futures: dict[int, Future[PairResult]] = {}
-        if big:
-            pool = self._get_pool()
-            for i in sorted(big, key=lambda i: -work[i].nbytes):
-                futures[i] = pool.submit(run_one, self.compare, self.thresholds, work[i])
-        done = 0
         total = len(work)
-        inline = set(range(len(work))) - set(futures)
-        for i in sorted(inline):
-            results[i] = run_one(self.compare, self.thresholds, work[i])
-            done += 1
-            if progress is not None and done % 64 == 0:
-                progress(done, total)
-        for i, future in futures.items():
+        tasks = self.tasks(work)
+        if tasks is None:
+            out = []
+            for done, item in enumerate(work, 1):
+                out.append(run_one(self.compare, self.thresholds, item))
+                if progress is not None and (done % 64 == 0 or done == total):
+                    progress(done, total)
+            return out
+        from concurrent.futures import as_completed
+
+        results: list[PairResult | None] = [None] * total
+        pool = self.pool()
+        futures = {
+            pool.submit(run_many, self.compare, self.thresholds, [work[i] for i in task]): task
+            for task in tasks
+        }
+        done = 0
+        for future in as_completed(futures):
+            task = futures[future]
             try:
-                results[i] = future.result()
-            except Exception as exc:  # a worker died (out of memory...): report it on the pair
-                w = work[i]
-                results[i] = PairResult(
-                    w.golden.key,
-                    Verdict.ERROR,
-                    reason=f"compare worker failed: {type(exc).__name__}: {exc}".splitlines()[0],
-                    golden=w.golden,
-                    target=w.target,
-                    is_logits=w.is_logits,
-                )
-            done += 1
+                for i, result in zip(task, future.result(), strict=True):
+                    results[i] = result
+            except Exception as exc:  # a worker died (out of memory...): report it on the pairs
+                message = f"compare worker failed: {type(exc).__name__}: {exc}".splitlines()[0]
+                for i in task:
+                    results[i] = _error(work[i], message)
+            done += len(task)
             if progress is not None:
                 progress(done, total)
-        if progress is not None:
-            progress(total, total)
         return [r for r in results if r is not None]
 
-    def _get_pool(self) -> Executor:
+    def pool(self) -> Executor:
+        """The worker processes (started on first use; also used to read dumps in parallel)."""
         if self._pool is None:
             import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
             # fork is cheapest but unsafe once other threads exist (the live pipeline has some).
             method = (

@@ -109,14 +109,20 @@ def write_csv(results: Iterable[PairResult], out: TextIO) -> int:
     return rows
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
+def _metrics(metrics: dict[str, float]) -> dict[str, float | None]:
+    """A copy with non-finite values as ``None`` (strict JSON); the common all-finite case is one pass."""
+    values = metrics.values()
+    if all(math.isfinite(v) for v in values):
+        return dict(metrics)
+    return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+
+
+def _finding(finding: Finding | None) -> dict[str, Any] | None:
+    if finding is None:
         return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
+    out = finding.to_json()
+    out["metrics"] = _metrics(finding.metrics)
+    return out
 
 
 def json_report(
@@ -127,15 +133,18 @@ def json_report(
     first_bad_token: int | None,
 ) -> dict[str, Any]:
     """The ``--json`` object (module docstring)."""
-    return _clean(
-        {
-            "summary": summary.to_json(),
-            "first_failure": first_failure.to_json() if first_failure else None,
-            "root_cause": root_cause.to_json() if root_cause else None,
-            "first_bad_token": first_bad_token,
-            "rows": [r.to_json() for r in results],
-        }
-    )
+    rows = []
+    for result in results:
+        row = result.to_json()
+        row["metrics"] = _metrics(result.metrics)
+        rows.append(row)
+    return {
+        "summary": summary.to_json(),
+        "first_failure": _finding(first_failure),
+        "root_cause": _finding(root_cause),
+        "first_bad_token": first_bad_token,
+        "rows": rows,
+    }
 
 
 def dumps_json(report: dict[str, Any]) -> str:

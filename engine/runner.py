@@ -12,8 +12,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from layerwatch.capture.errors import LayerwatchError
+
+if TYPE_CHECKING:
+    from .readers import ReaderUpdate
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -50,6 +54,13 @@ def _check_path(path: str, side: str) -> None:
         raise LayerwatchError(f"{side} dump {path}: no such file or directory")
 
 
+def read_dump(path: str, side: str) -> ReaderUpdate:
+    """Everything in a finished dump (top level: runs in a worker process too)."""
+    from .readers import open_dump
+
+    return open_dump(path, side=side).poll(None)
+
+
 def compare_main(args: argparse.Namespace) -> int:
     from layerwatch.capture.tokens import parse_tokens
 
@@ -77,8 +88,14 @@ def compare_main(args: argparse.Namespace) -> int:
         auto_map=True if getattr(args, "auto_map", False) else None,
     )
     try:
-        for side, reader in readers.items():
-            session.add_update(side, reader.poll(None))
+        if session.runner.jobs > 1:
+            # Parse the two dumps in parallel: the golden one in a worker process.
+            golden = session.runner.pool().submit(read_dump, args.golden, "golden")
+            updates = {"target": readers["target"].poll(None), "golden": golden.result()}
+        else:
+            updates = {side: reader.poll(None) for side, reader in readers.items()}
+        for side in ("golden", "target"):
+            session.add_update(side, updates[side])
             session.finish(side)
         session.flush(progress=progress.pairs if progress.enabled else None)
     finally:

@@ -312,13 +312,17 @@ def test_topology_arriving_late_reassigns_blocks(toy_runs: dict[str, ToyRun]) ->
     assert session.first_failure is not None and session.first_failure.block_label == "L1"
 
 
-def test_process_pool_gives_the_same_results(toy_runs: dict[str, ToyRun]) -> None:
+@pytest.mark.parametrize("big_bytes", [0, 1 << 21])  # every pair its own task / small ones batched
+def test_process_pool_gives_the_same_results(toy_runs: dict[str, ToyRun], big_bytes: int) -> None:
     inline = compare(toy_runs["golden"], toy_runs["faulty"])
-    pooled = compare(toy_runs["golden"], toy_runs["faulty"], jobs=2, big_bytes=0)
+    pooled = compare(toy_runs["golden"], toy_runs["faulty"], jobs=2, big_bytes=big_bytes)
     try:
+        # 256 pairs: enough for the pool either way
+        assert pooled.runner.jobs == 2 and len(toy_runs["golden"].records) >= 256
         a = [(r.key, r.verdict, r.metrics.get(COSINE)) for r in inline.results()]
         b = [(r.key, r.verdict, r.metrics.get(COSINE)) for r in pooled.results()]
         assert a == b
+        assert pooled.runner._pool is not None  # the pool was really used
     finally:
         pooled.close()
 
@@ -386,3 +390,41 @@ def test_pairs_in_block_execution_order_and_explain(toy_runs: dict[str, ToyRun])
         detail.result.key == down.key and detail.worst and not math.isnan(detail.worst[0].abs_err)
     )
     assert np.isfinite(detail.histogram_counts).all()
+
+
+def test_json_report_is_strict_with_non_finite_metrics(tmp_path: Path) -> None:
+    import json
+
+    from layerwatch.engine.readers.base import ReaderUpdate
+    from layerwatch.engine.records import TensorKey
+    from layerwatch.engine.report import dumps_json, json_report
+    from support.toy_model import write_tensor
+
+    key = TensorKey(0, "root.fc", "output")
+    zeros = write_tensor(tmp_path / "g.bin", np.zeros((4, 8), np.float32), "float32")
+    ones = write_tensor(tmp_path / "t.bin", np.ones((4, 8), np.float32), "float32")
+    session = CompareSession()
+    session.add_update(
+        "golden", ReaderUpdate([TensorRecord(key, "float32", (4, 8), zeros)], complete=True)
+    )
+    session.add_update(
+        "target", ReaderUpdate([TensorRecord(key, "float32", (4, 8), ones)], complete=True)
+    )
+    session.flush()
+    (result,) = session.results()
+    assert result.verdict is Verdict.FAIL and math.isinf(
+        result.metrics["relative_euclidean_distance"]
+    )
+    text = dumps_json(
+        json_report(
+            session.results(),
+            session.summary,
+            session.first_failure,
+            session.root_cause,
+            session.first_bad_token,
+        )
+    )
+    report = json.loads(text)
+    assert report["rows"][0]["metrics"]["relative_euclidean_distance"] is None
+    assert report["first_failure"]["metrics"]["relative_euclidean_distance"] is None
+    assert report["summary"]["fail"] == 1

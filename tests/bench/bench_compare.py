@@ -1,0 +1,226 @@
+"""End-to-end ``layerwatch compare`` vs ``msit llm compare -cl api`` on the same msit dumps.
+
+    . .venv/bin/activate && python tests/bench/bench_compare.py [--cases a b] [--repeat 3]
+
+The dumps are written once by msit 8.2.0 itself (``register_hook`` in the side venv
+``/work/side/msit``, see /work/team/notes/READERS.md) into ``--work`` (default
+``/tmp/layerwatch-bench-compare``), for the two cases of msit.md §9.2:
+
+(a) MB-sized tensors, like E4: HF Llama hidden 1024, 8 layers, 16 heads, vocab 32000, prompt 256,
+    4 new tokens; golden fp32 vs target bf16 (msit measured ≈36 MB/s, 336 MB in 9.3 s).
+(b) many small tensors, like E1: hidden 256, 4 layers, vocab 1000, prompt 16, 8 new tokens;
+    golden fp32 vs target bf16 (msit measured 75-220 pairs/s).
+
+Both tools run as fresh processes (start-up included), with ``OMP_NUM_THREADS=1`` as msit's
+figures were taken, in the same run, medians of ``--repeat``. The floor is reading every payload
+of both dumps once (our readers' locators + ``load_array``, in one process, no metrics).
+Goals: ≥ 10× msit on (a), ≥ 20× on (b), ≥ 50 % of the load floor on (a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CASES = {
+    "a": {
+        "hidden": 1024,
+        "layers": 8,
+        "heads": 16,
+        "inter": 2816,
+        "vocab": 32000,
+        "prompt": 256,
+        "new": 4,
+    },
+    "b": {
+        "hidden": 256,
+        "layers": 4,
+        "heads": 4,
+        "inter": 688,
+        "vocab": 1000,
+        "prompt": 16,
+        "new": 8,
+    },
+}
+
+
+# --- dump generation (runs inside the msit side venv) ---------------------------------------
+def make_dump(case: str, side: str, out: Path) -> None:
+    import torch
+    from msit_llm import DumpConfig, register_hook
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = CASES[case]
+    torch.manual_seed(1234)
+    config = LlamaConfig(
+        hidden_size=c["hidden"],
+        intermediate_size=c["inter"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        num_key_value_heads=c["heads"],
+        vocab_size=c["vocab"],
+        max_position_embeddings=1024,
+        attn_implementation="eager",
+    )
+    model = LlamaForCausalLM(config).eval()
+    if side == "target":
+        model = model.to(torch.bfloat16)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    register_hook(model, DumpConfig(dump_path=str(out), token_range=list(range(c["new"]))))
+    prompt = torch.randint(
+        0, c["vocab"], (1, c["prompt"]), generator=torch.Generator().manual_seed(7)
+    )
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=c["new"], do_sample=False, pad_token_id=0)
+
+
+def rank_dir(side_dir: Path) -> Path:
+    (dump,) = side_dir.glob("msit_dump_*")
+    (rank,) = (dump / "torch_tensors").iterdir()
+    return rank
+
+
+def ensure_dumps(work: Path, case: str, msit_python: Path) -> tuple[Path, Path]:
+    dirs = []
+    for side in ("golden", "target"):
+        side_dir = work / case / side
+        if not list(side_dir.glob("msit_dump_*/torch_tensors/*/model_tree.json")):
+            print(
+                f"[bench] writing case {case} {side} with msit's register_hook ...", file=sys.stderr
+            )
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            subprocess.run(
+                [str(msit_python), __file__, "--make", case, side, str(side_dir)],
+                check=True,
+                env=env,
+            )
+        dirs.append(rank_dir(side_dir))
+    return dirs[0], dirs[1]
+
+
+# --- timing ---------------------------------------------------------------------------------
+def timed(
+    cmd: list[str], env: dict[str, str], repeat: int, stdout_path: Path | None = None
+) -> tuple[list[float], str]:
+    walls, out = [], ""
+    for _ in range(repeat):
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        walls.append(time.perf_counter() - start)
+        if proc.returncode not in (0, 1):
+            raise SystemExit(
+                f"[bench] {' '.join(cmd[:4])} failed ({proc.returncode}): {proc.stderr[-2000:]}"
+            )
+        out = proc.stdout
+    return walls, out
+
+
+def load_floor(golden: Path, target: Path, repeat: int) -> tuple[float, int, int]:
+    """Seconds to read every payload of both dumps once (median), bytes, tensors."""
+    from layerwatch.engine.load import load_array
+    from layerwatch.engine.readers import open_dump
+
+    times, nbytes, count = [], 0, 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        nbytes = count = 0
+        for path in (golden, target):
+            update = open_dump(path).poll(None)
+            for record in update.tensors:
+                if record.loc is not None:
+                    load_array(record.loc)
+                    nbytes += record.loc.nbytes
+                    count += 1
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), nbytes, count
+
+
+def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
+    golden, target = ensure_dumps(args.work, case, args.msit / "bin" / "python")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: byte code cached after the first run
+    floor_s, nbytes, tensors = load_floor(golden, target, args.repeat)  # also warms the page cache
+    ours = [sys.executable, "-m", "layerwatch.tui", "compare", str(golden), str(target), "--json"]
+    timed(ours, env, 1)  # warm-up: writes __pycache__ once
+    row: dict[str, float] = {"MB": nbytes / 1e6, "tensors": tensors, "floor_s": floor_s}
+    for jobs in args.jobs:
+        walls, out = timed([*ours, "--jobs", str(jobs)], env, args.repeat)
+        row[f"ours_j{jobs}_s"] = statistics.median(walls)
+        row["pairs"] = json.loads(out)["summary"]["pairs"]
+    with tempfile.TemporaryDirectory() as tmp:
+        msit = [
+            str(args.msit / "bin" / "msit"),
+            "llm",
+            "compare",
+            "-gp",
+            str(golden),
+            "-mp",
+            str(target),
+            "-cl",
+            "api",
+            "-o",
+            tmp,
+        ]
+        walls, _ = timed(msit, env, args.msit_repeat)
+        row["msit_s"] = statistics.median(walls)
+    return row
+
+
+def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
+    mb, pairs = row["MB"], row["pairs"]
+    print(f"\ncase ({case}): {CASES[case]}")
+    print(
+        f"  dumps: {mb:.1f} MB of payload in {int(row['tensors'])} tensors, {int(pairs)} pairs compared"
+    )
+    print(
+        f"  load floor (read every payload once, in-process): {row['floor_s']:.3f} s = {mb / row['floor_s']:.0f} MB/s"
+    )
+    print(
+        f"  msit llm compare -cl api: {row['msit_s']:.2f} s = {mb / row['msit_s']:.1f} MB/s, {pairs / row['msit_s']:.0f} pairs/s"
+    )
+    for j in jobs:
+        s = row[f"ours_j{j}_s"]
+        print(
+            f"  layerwatch compare --jobs {j}: {s:.2f} s = {mb / s:.0f} MB/s, {pairs / s:.0f} pairs/s  "
+            f"→ {row['msit_s'] / s:.1f}× msit, {row['floor_s'] / s:.0%} of the load floor"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--make", nargs=3, metavar=("CASE", "SIDE", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--cases", nargs="+", default=["a", "b"], choices=sorted(CASES))
+    parser.add_argument(
+        "--work", type=Path, default=Path(tempfile.gettempdir()) / "layerwatch-bench-compare"
+    )
+    parser.add_argument("--msit", type=Path, default=Path("/work/side/msit"), help="msit side venv")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of ours and of the floor (median)"
+    )
+    parser.add_argument("--msit-repeat", type=int, default=3, help="runs of msit (median)")
+    parser.add_argument(
+        "--jobs", type=int, nargs="+", default=[1, 0], help="--jobs values to time (0 = all cores)"
+    )
+    args = parser.parse_args()
+    if args.make:
+        case, side, out = args.make
+        make_dump(case, side, Path(out))
+        return
+    print(
+        f"[bench] cores: {os.cpu_count()}, OMP_NUM_THREADS=1, medians of {args.repeat} (msit: {args.msit_repeat})"
+    )
+    for case in args.cases:
+        report(case, bench_case(case, args), args.jobs)
+
+
+if __name__ == "__main__":
+    main()
