@@ -1,0 +1,168 @@
+"""Per-tensor statistics, computed where the tensors live, a batch at a time.
+
+``max min mean norm`` are over the *finite* elements; ``nan``/``inf`` count the rest. The
+writer thread calls :func:`batch_stats` once per batch, so the per-tensor cost is a share of a
+few vectorised operations rather than six torch calls per tensor:
+
+* host copies (numpy arrays, see ``capture/recorder.py``): small ones are concatenated into one
+  float64 buffer and reduced per segment (``np.maximum.reduceat``...); large ones are reduced
+  one by one with torch's fast kernels on a zero-copy view;
+* device tensors stay on their device: small ones are concatenated and reduced per segment
+  with ``torch.segment_reduce`` (sums in float64), large ones one by one, and a device's
+  results come back to the host with one ``.tolist()``: statistics-only dumps move a few numbers
+  per tensor, never the payload.
+
+Large float tensors use float32 kernels (``sum``/``vector_norm`` accumulate with cascade or
+blocked summation, ``aminmax`` is exact). A tensor whose sum or norm is not finite (it holds
+NaN/Inf, or its squares overflow) is redone exactly on its finite part, so the fast path never
+hides a non-finite value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+Tensor = torch.Tensor
+StatsRow = tuple[float, float, float, float, int, int]
+"""``(max, min, mean, norm, nan, inf)``."""
+STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
+SMALL = 1 << 15
+"""Tensors with fewer elements than this are reduced together in one segmented pass."""
+_NAN = float("nan")
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def as_torch(data: Any, dtype: torch.dtype) -> Tensor:
+    """A tensor view of a captured copy (numpy bits of bf16/fp8 are viewed back as ``dtype``)."""
+    if isinstance(data, Tensor):
+        return data
+    t = torch.from_numpy(data)
+    return t if t.dtype == dtype else t.view(dtype)
+
+
+def _host_float(data: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """Values of a host copy as a flat numpy float array (bf16 widened exactly)."""
+    flat = data.reshape(-1)
+    if dtype == torch.bfloat16:
+        return (flat.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if flat.dtype.kind in "fiub":
+        return flat
+    return as_torch(data, dtype).reshape(-1).float().numpy()  # fp8 and other exotic types
+
+
+def batch_stats(datas: Sequence[Any], dtypes: Sequence[torch.dtype]) -> list[StatsRow]:
+    """Statistics of each captured copy (numpy array or device tensor), in order."""
+    rows: list[StatsRow | None] = [None] * len(datas)
+    host_small: list[int] = []
+    groups: dict[Any, list[int]] = {}
+    for i, data in enumerate(datas):
+        n = data.size if isinstance(data, np.ndarray) else data.numel()
+        if n == 0:
+            rows[i] = (_NAN, _NAN, _NAN, 0.0, 0, 0)
+        elif isinstance(data, np.ndarray) and n < SMALL:
+            host_small.append(i)
+        else:
+            key = "cpu" if isinstance(data, np.ndarray) else data.device
+            groups.setdefault(key, []).append(i)
+    found: list[tuple[int, list[float]]] = []
+    if host_small:
+        found += zip(host_small, _host_segmented([datas[i] for i in host_small],
+                                                 [dtypes[i] for i in host_small]), strict=True)
+    for idx in groups.values():
+        small = [i for i in idx if isinstance(datas[i], Tensor) and datas[i].numel() < SMALL]
+        chosen = set(small)
+        large = [i for i in idx if i not in chosen]
+        parts: list[Tensor] = []
+        if small:
+            parts.append(_device_segmented([datas[i] for i in small]))
+        parts.extend(_one(as_torch(datas[i], dtypes[i])) for i in large)
+        found += zip(small + large, torch.cat(parts).reshape(-1, 4).tolist(), strict=True)
+    for i, (mx, mn, total, sumsq) in found:
+        if math.isfinite(total) and math.isfinite(sumsq):
+            n = datas[i].size if isinstance(datas[i], np.ndarray) else datas[i].numel()
+            rows[i] = (mx, mn, total / n, math.sqrt(max(sumsq, 0.0)), 0, 0)
+        else:
+            rows[i] = exact_stats(as_torch(datas[i], dtypes[i]))
+    return rows  # type: ignore[return-value]
+
+
+_NARROW = frozenset(["f2", "f4", "i1", "u1", "i2", "b1"])
+"""numpy dtypes (``kind`` + itemsize) exactly representable in float32."""
+
+
+def _host_segmented(arrays: list[np.ndarray], dtypes: list[torch.dtype]) -> list[list[float]]:
+    """``[max, min, sum, sum of squares]`` per small host array; sums accumulate in float64."""
+    flats = [_host_float(a, dt) for a, dt in zip(arrays, dtypes, strict=True)]
+    lengths = np.fromiter((f.size for f in flats), dtype=np.int64, count=len(flats))
+    starts = np.zeros(len(flats), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    narrow = all(f"{f.dtype.kind}{f.dtype.itemsize}" in _NARROW for f in flats)
+    buf = np.concatenate(flats, dtype=np.float32 if narrow else np.float64, casting="unsafe")
+    with np.errstate(all="ignore"):
+        out = np.stack([np.maximum.reduceat(buf, starts).astype(np.float64),
+                        np.minimum.reduceat(buf, starts).astype(np.float64),
+                        np.add.reduceat(buf, starts, dtype=np.float64),
+                        np.add.reduceat(np.square(buf), starts, dtype=np.float64)], axis=1)
+    return out.tolist()
+
+
+def _device_segmented(tensors: list[Tensor]) -> Tensor:
+    """``[k, 4]`` rows of max, min, sum, sum of squares (float64) for k small device tensors."""
+    flat = [t.reshape(-1) for t in tensors]
+    try:
+        lengths = torch.tensor([f.numel() for f in flat], device=flat[0].device)
+        buf = torch.cat(flat)
+        if buf.dtype in _LOW or not buf.is_floating_point():
+            buf = buf.float()
+        wide = buf.double()
+        out = torch.stack(
+            [
+                torch.segment_reduce(buf, "max", lengths=lengths, unsafe=True).double(),
+                torch.segment_reduce(buf, "min", lengths=lengths, unsafe=True).double(),
+                torch.segment_reduce(wide, "sum", lengths=lengths, unsafe=True),
+                torch.segment_reduce(wide * wide, "sum", lengths=lengths, unsafe=True),
+            ],
+            dim=1,
+        )
+        return out.reshape(-1)
+    except (RuntimeError, NotImplementedError):  # a backend without segment_reduce
+        return torch.cat([_one(t) for t in tensors])
+
+
+def _one(t: Tensor) -> Tensor:
+    """max, min, sum, sum of squares of one tensor as a 4-element float64 tensor."""
+    flat = t.reshape(-1)
+    if not flat.is_floating_point():
+        flat = flat.double() if flat.dtype in (torch.int64, torch.int32) else flat.float()
+    elif flat.dtype not in (torch.float32, torch.float64, *_LOW):
+        flat = flat.float()
+    acc = torch.float32 if flat.dtype in _LOW else None
+    mn, mx = torch.aminmax(flat)
+    total = flat.sum(dtype=acc)
+    norm = torch.linalg.vector_norm(flat, dtype=acc)
+    return torch.stack([mx.double(), mn.double(), total.double(), norm.double().square()])
+
+
+def exact_stats(t: Tensor) -> StatsRow:
+    """The slow, exact path: statistics of the finite part, counts of NaN and Inf."""
+    flat = t.reshape(-1)
+    if flat.dtype != torch.float64:
+        flat = flat.float()
+    finite = torch.isfinite(flat)
+    nan = int(torch.isnan(flat).sum())
+    inf = int(flat.numel() - int(finite.sum()) - nan)
+    part = flat[finite].double()
+    if part.numel() == 0:
+        return (_NAN, _NAN, _NAN, 0.0, nan, inf)
+    mn, mx = torch.aminmax(part)
+    total = float(part.sum())
+    return (float(mx), float(mn), total / part.numel(), float(torch.linalg.vector_norm(part)), nan, inf)
+
+
+def as_dict(row: StatsRow) -> dict[str, float]:
+    return dict(zip(STAT_KEYS, row, strict=True))

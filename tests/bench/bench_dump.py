@@ -1,0 +1,162 @@
+"""Dump overhead: generate time with full capture (until every tensor is on disk) / without.
+
+Run (from the repository root, in the project venv)::
+
+    OMP_NUM_THREADS=1 python tests/bench/bench_dump.py            # configs a and b, 5 repeats
+    OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --config b --repeats 9
+    OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --msit-python /work/side/msit/bin/python
+
+Both sides run a Hugging Face ``LlamaForCausalLM`` (eager attention) built from a ``LlamaConfig``
+with ``torch.manual_seed(1234)`` and greedy ``generate`` on fixed random prompt ids, as msit.md
+§9 measured msit 8.2.0: (a) hidden 1024, 8 layers, 16 heads, vocab 32000, prompt 256, 4 new
+tokens: 1.22 s -> 2.38 s (1.95x); (b) hidden 256, 4 layers, 4 heads, vocab 1000, prompt 16,
+8 new tokens: 0.06 s -> 0.45 s (7x). Goals: (a) <= 1.3x, (b) <= 2x.
+
+Baseline and captured runs alternate in one process; each figure is the median of
+``--repeats`` runs; a captured run is ``generate`` + ``HookHandle.close()`` (everything on disk,
+end records written). Registration (topology, parameter fingerprints) is timed separately.
+When ``--msit-python`` points at a venv with msit installed (default: /work/side/msit if it
+exists), msit's own ``DumpConfig``/``register_hook`` runs on the same config in a subprocess and
+its ratio is printed beside ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONFIGS = {
+    "a": dict(hidden=1024, layers=8, heads=16, vocab=32000, prompt=256, new=4, inter=2816),
+    "b": dict(hidden=256, layers=4, heads=4, vocab=1000, prompt=16, new=8, inter=688),
+}
+MSIT_SIDE = Path("/work/side/msit/bin/python")
+
+_MODEL_CODE = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+def build(c):
+    torch.manual_seed(1234)
+    cfg = LlamaConfig(hidden_size=c["hidden"], intermediate_size=c["inter"],
+                      num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+                      num_key_value_heads=c["heads"], vocab_size=c["vocab"],
+                      max_position_embeddings=2048, attn_implementation="eager")
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, c["vocab"], (1, c["prompt"]), generator=torch.Generator().manual_seed(7))
+    return model, ids
+
+def generate(model, ids, c):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=c["new"],
+                              min_new_tokens=c["new"], do_sample=False, pad_token_id=0)
+"""
+
+_MSIT_CODE = _MODEL_CODE + """
+import json, sys, time, statistics
+c = json.loads(sys.argv[1]); repeats = int(sys.argv[2]); out = sys.argv[3]
+torch.set_num_threads(1)
+model, ids = build(c)
+generate(model, ids, c)
+base = []
+for _ in range(repeats):
+    t = time.perf_counter(); generate(model, ids, c); base.append(time.perf_counter() - t)
+from msit_llm import DumpConfig, register_hook
+register_hook(model, DumpConfig(dump_path=out, token_range=list(range(100000))))
+dump = []
+for _ in range(repeats):
+    t = time.perf_counter(); generate(model, ids, c); dump.append(time.perf_counter() - t)
+print(json.dumps({"base": statistics.median(base), "dump": statistics.median(dump)}))
+"""
+
+
+def _dir_size(path: Path) -> tuple[int, int]:
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def bench_ours(name: str, c: dict, repeats: int, fmt: str) -> dict:
+    import torch
+    from layerwatch.capture import DumpConfig, register_hook
+
+    scope: dict = {}
+    exec(_MODEL_CODE, scope)  # the same model code msit's subprocess runs
+    torch.set_num_threads(1)
+    model, ids = scope["build"](c)
+    generate = scope["generate"]
+    generate(model, ids, c)  # warm-up
+    base, dump, reg = [], [], []
+    files = nbytes = 0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        generate(model, ids, c)
+        base.append(time.perf_counter() - t)
+        out = Path(tempfile.mkdtemp(prefix=f"bench_dump_{name}_"))
+        try:
+            t = time.perf_counter()
+            handle = register_hook(model, DumpConfig(dump_path=out, format=fmt))
+            reg.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            generate(model, ids, c)
+            handle.close()
+            dump.append(time.perf_counter() - t)
+            assert handle.failed is None, handle.failed
+            files, nbytes = _dir_size(out)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    return {"base": statistics.median(base), "dump": statistics.median(dump),
+            "register": statistics.median(reg), "files": files, "bytes": nbytes}
+
+
+def bench_msit(python: Path, c: dict, repeats: int) -> dict | None:
+    out = Path(tempfile.mkdtemp(prefix="bench_dump_msit_"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run([str(python), "-c", _MSIT_CODE, json.dumps(c), str(repeats), str(out)],
+                              capture_output=True, text=True, env=env, timeout=1800)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"  msit run failed: {tail}", file=sys.stderr)
+            return None
+        return json.loads(lines[-1])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=("a", "b", "both"), default="both")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--format", choices=("layerwatch", "msit"), default="layerwatch")
+    parser.add_argument("--msit-python", default=str(MSIT_SIDE) if MSIT_SIDE.exists() else "",
+                        help="python of a venv with msit installed ('' = skip msit)")
+    args = parser.parse_args()
+    args.msit_python = Path(args.msit_python) if args.msit_python else None
+    names = ("a", "b") if args.config == "both" else (args.config,)
+    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, repeats={args.repeats}, "
+          f"format={args.format}")
+    for name in names:
+        c = CONFIGS[name]
+        ours = bench_ours(name, c, args.repeats, args.format)
+        print(f"config {name} {c}")
+        print(f"  layerwatch: {ours['base']:.3f} s -> {ours['dump']:.3f} s = "
+              f"{ours['dump'] / ours['base']:.2f}x   ({ours['files']} files, "
+              f"{ours['bytes'] / 1e6:.1f} MB; register_hook {ours['register']:.3f} s)")
+        if args.msit_python is not None:
+            theirs = bench_msit(args.msit_python, c, args.repeats)
+            if theirs:
+                print(f"  msit 8.2.0: {theirs['base']:.3f} s -> {theirs['dump']:.3f} s = "
+                      f"{theirs['dump'] / theirs['base']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""register_hook on small hand-made models: what is captured, when, and under which name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+from layerwatch.capture import DumpConfig, register_hook
+from support import lwdump
+from torch import nn
+
+
+class AddOneInPlace(nn.Module):
+    """Mutates its input in place: the dump must hold the value it was called with."""
+
+    def forward(self, x):
+        x.add_(1.0)
+        return x
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inc = AddOneInPlace()
+        self.lin = nn.Linear(4, 4)
+        self.act = nn.ReLU(inplace=True)
+        self.tail = nn.Linear(4, 3)
+
+    def forward(self, ids, scale=None):
+        x = ids.float().unsqueeze(-1).expand(-1, -1, 4).clone()
+        x = self.inc(x)
+        y = self.lin(x)  # lin's output is then modified in place by the ReLU
+        y = self.act(y)
+        return self.tail(y * (1.0 if scale is None else scale))
+
+
+def _net(seed: int = 0) -> Net:
+    torch.manual_seed(seed)
+    return Net().eval()
+
+
+def test_inputs_are_taken_before_in_place_ops_and_outputs_before_later_ones(tmp_path):
+    net = _net()
+    ids = torch.tensor([[1, 2, 3]])
+    with register_hook(net, DumpConfig(dump_path=tmp_path)) as handle:
+        net(ids)
+    run = handle.run_dir
+    got = lwdump.tensors(run)
+    expected_in = ids.float().unsqueeze(-1).expand(-1, -1, 4)
+    assert torch.equal(lwdump.load(run, got[0, "root.inc", "input_0"]), expected_in)  # pre-mutation
+    assert torch.equal(lwdump.load(run, got[0, "root.inc", "output"]), expected_in + 1)
+    lin_out = net.lin(expected_in + 1)
+    assert (lin_out < 0).any()  # otherwise the ReLU test proves nothing
+    assert torch.allclose(lwdump.load(run, got[0, "root.lin", "output"]), lin_out)  # before ReLU
+    assert torch.allclose(lwdump.load(run, got[0, "root.act", "input_0"]), lin_out)
+    assert torch.allclose(lwdump.load(run, got[0, "root.act", "output"]), lin_out.relu())
+
+
+def test_keyword_inputs_dataclass_and_dict_outputs(tmp_path):
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        extra: tuple
+
+    class KwNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(2, 2)
+
+        def forward(self, x, *, bias=None, pair=(None, None), flag=True):
+            y = self.inner(x) + bias
+            return Out(logits=y, extra=(y * 2, {"z": y * 3, "skip": 7}))
+
+    net = KwNet()
+    x = torch.ones(1, 2)
+    with register_hook(net, DumpConfig(dump_path=tmp_path)) as handle:
+        net(x, bias=torch.full((2,), 0.5), pair=(x * 4, None), flag=False)
+    got = lwdump.tensors(handle.run_dir)
+    stems = {stem for (_, node, stem) in got if node == "root"}
+    assert stems == {"input_0", "input_bias", "input_pair_0", "output_logits", "output_extra_0",
+                     "output_extra_1_z"}
+    y = net.inner(x) + 0.5
+    assert torch.allclose(lwdump.load(handle.run_dir, got[0, "root", "output_extra_1_z"]), y * 3)
+    assert torch.equal(lwdump.load(handle.run_dir, got[0, "root", "input_pair_0"]), x * 4)
+
+
+def test_a_view_is_saved_as_its_own_elements_not_its_storage(tmp_path):
+    class Slicer(nn.Module):
+        def forward(self, x):
+            return x[:, 3:5].t()  # a strided view into a 64x64 storage
+
+    class Top(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.s = Slicer()
+
+        def forward(self, x):
+            return self.s(x) * 1.0
+
+    base = torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64)
+    top = Top()
+    with register_hook(top, DumpConfig(dump_path=tmp_path)) as handle:
+        top(base)
+    line = lwdump.tensors(handle.run_dir)[0, "root.s", "output"]
+    assert line["end"] - line["begin"] == 2 * 64 * 4  # payload only: 128 floats
+    assert torch.equal(lwdump.load(handle.run_dir, line), base[:, 3:5].t())
+    data_bytes = sum(p.stat().st_size for p in (handle.run_dir / "data").iterdir())
+    assert data_bytes < 2 * base.numel() * 4  # the input once + small stuff, no storage copies
+
+
+def test_token_counting_order_and_input_ids(tmp_path):
+    net = _net()
+    with register_hook(net, DumpConfig(dump_path=tmp_path)) as handle:
+        for step in range(3):
+            net(torch.tensor([[step, step + 1]]))
+    lines = lwdump.index(handle.run_dir)
+    tokens = [ln for ln in lines if ln["k"] == "token"]
+    assert [t["token"] for t in tokens] == [0, 1, 2]
+    assert tokens[2]["input_ids"] == [2, 3]
+    assert lines[-1] == {"k": "end", "status": "complete", "tokens": 3, "tensors": lines[-1]["tensors"]}
+    got = lwdump.tensors(handle.run_dir)
+    orders = {node: got[1, node, "output"]["order"] for node in ("root.inc", "root.lin", "root.act", "root.tail", "root")}
+    assert orders == {"root.inc": 0, "root.lin": 1, "root.act": 2, "root.tail": 3, "root": 4}
+    topo = json.loads((handle.run_dir / "topology.json").read_text())
+    by_name = {n["name"]: n for n in topo["nodes"]}
+    assert by_name["root.tail"]["order"] == 3 and by_name["root.tail"]["parent"] == "root"
+    w = net.tail.weight.detach().double()
+    fp = by_name["root.tail"]["params"]["weight"]
+    assert fp["shape"] == [3, 4] and fp["dtype"] == "float32"
+    assert fp["sum"] == pytest.approx(float(w.sum()), rel=1e-12)
+    assert fp["norm"] == pytest.approx(float(w.norm()), rel=1e-12)
+    assert fp["head"] == pytest.approx(w.reshape(-1)[:16].tolist())
+    manifest = json.loads((handle.run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["tokens"] == 3
+
+
+def test_two_models_are_two_independent_runs_and_remove_really_removes(tmp_path):
+    a, b = _net(1), _net(2)
+    ha = register_hook(a, DumpConfig(dump_path=tmp_path / "a"))
+    hb = register_hook(b, DumpConfig(dump_path=tmp_path / "b", tensor_part=1))
+    ids = torch.tensor([[1, 2]])
+    a(ids)
+    b(ids)
+    b(ids)
+    hb.close()
+    a(ids)
+    ha.remove()
+    before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in a.modules())
+    assert before == 0
+    expected = a(ids)  # runs exactly as without layerwatch
+    assert torch.equal(expected, _net(1)(ids))
+    ha.close()
+    ta = lwdump.tensors(ha.run_dir)
+    tb = lwdump.tensors(hb.run_dir)
+    assert {t for (t, _, _) in ta} == {0, 1} and {t for (t, _, _) in tb} == {0, 1}
+    assert all(stem.startswith("output") for (_, _, stem) in tb)
+    assert any(stem.startswith("input") for (_, _, stem) in ta)
+    assert ha.on_disk and hb.on_disk
+
+
+def test_attach_from_a_global_pre_hook_inside_the_first_call(tmp_path):
+    """How the zero-code-change bootstrap attaches: inside the root's first forward call."""
+    net = _net(3)
+    reference = _net(3)
+    ids = [torch.tensor([[1, 2, 3]]), torch.tensor([[4]]), torch.tensor([[5]])]
+    handles = []
+
+    def global_pre(module, args):
+        if not handles and module is net:
+            handles.append(register_hook(module, DumpConfig(dump_path=tmp_path / "live"),
+                                         already_in_call=True, call_args=args, call_kwargs={}))
+
+    token = torch.nn.modules.module.register_module_forward_pre_hook(global_pre)
+    try:
+        for x in ids:
+            net(x)
+    finally:
+        token.remove()
+    handles[0].close()
+    with register_hook(reference, DumpConfig(dump_path=tmp_path / "ref")) as ref:
+        for x in ids:
+            reference(x)
+    live, normal = lwdump.index(handles[0].run_dir), lwdump.index(ref.run_dir)
+
+    def shape(lines):
+        return [(ln["k"], ln.get("token"), ln.get("node"), ln.get("stem"), ln.get("order"),
+                 ln.get("input_ids")) for ln in lines if ln["k"] in ("t", "token")]
+
+    assert sorted(shape(live), key=str) == sorted(shape(normal), key=str)
+    lt, nt = lwdump.tensors(handles[0].run_dir), lwdump.tensors(ref.run_dir)
+    for key in nt:
+        assert torch.equal(lwdump.load(handles[0].run_dir, lt[key]), lwdump.load(ref.run_dir, nt[key]))
+
+
+def test_attach_without_the_call_arguments_reads_them_at_the_end_of_the_call(tmp_path):
+    net = _net(4)
+    handles = []
+
+    def global_pre(module, args):
+        if not handles and module is net:
+            handles.append(register_hook(module, DumpConfig(dump_path=tmp_path), already_in_call=True))
+
+    token = torch.nn.modules.module.register_module_forward_pre_hook(global_pre)
+    try:
+        net(torch.tensor([[7, 8]]))
+        net(torch.tensor([[9]]))
+    finally:
+        token.remove()
+    handles[0].close()
+    lines = lwdump.index(handles[0].run_dir)
+    ids = {ln["token"]: ln["input_ids"] for ln in lines if ln["k"] == "token"}
+    assert ids == {0: [7, 8], 1: [9]}
+    got = lwdump.tensors(handles[0].run_dir)
+    assert lwdump.load(handles[0].run_dir, got[0, "root", "input_0"]).tolist() == [[7, 8]]
+    assert got[0, "root", "output"]["order"] == got[0, "root", "input_0"]["order"]
+
+
+def test_a_module_called_twice_in_a_token_gets_numbered_nodes(tmp_path):
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(self.lin(x))
+
+    net = Twice()
+    x = torch.ones(1, 2)
+    with register_hook(net, DumpConfig(dump_path=tmp_path)) as handle:
+        net(x)
+    got = lwdump.tensors(handle.run_dir)
+    first, second = got[0, "root.lin", "output"], got[0, "root.lin#1", "output"]
+    assert torch.allclose(lwdump.load(handle.run_dir, first), net.lin(x))
+    assert torch.allclose(lwdump.load(handle.run_dir, second), net(x))
+    assert first["order"] < second["order"]
+
+
+def test_statistics_match_numpy_on_the_finite_part(tmp_path):
+    class Emit(nn.Module):
+        def forward(self, x):
+            return x
+
+    class Top(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.e = Emit()
+
+        def forward(self, xs):
+            return [self.e(x) for x in xs]
+
+    rng = np.random.default_rng(0)
+    special = rng.standard_normal(1000).astype(np.float32)
+    special[[3, 10]] = np.nan
+    special[[5]] = np.inf
+    special[[7]] = -np.inf
+    xs = [torch.from_numpy(rng.standard_normal(300).astype(np.float32) * 5 + 2),
+          torch.from_numpy(special),
+          torch.from_numpy(rng.standard_normal(70000).astype(np.float32)),  # the large path
+          torch.from_numpy(rng.standard_normal(512).astype(np.float32)).to(torch.bfloat16),
+          torch.tensor([3, -4, 12], dtype=torch.int64),
+          torch.full((4,), float("nan")),
+          torch.zeros(0)]
+    top = Top()
+    with register_hook(top, DumpConfig(dump_path=tmp_path)) as handle:
+        top(xs)
+    got = lwdump.tensors(handle.run_dir)
+    for i, x in enumerate(xs):
+        line = got[0, "root.e" if i == 0 else f"root.e#{i}", "output"]
+        stats = line["stats"]
+        values = x.double().numpy()
+        finite = values[np.isfinite(values)]
+        assert stats["nan"] == int(np.isnan(values).sum())
+        assert stats["inf"] == int(np.isinf(values).sum())
+        if finite.size:
+            assert stats["max"] == pytest.approx(finite.max(), rel=1e-6)
+            assert stats["min"] == pytest.approx(finite.min(), rel=1e-6)
+            assert stats["mean"] == pytest.approx(finite.mean(), rel=1e-5, abs=1e-6)
+            assert stats["norm"] == pytest.approx(np.linalg.norm(finite), rel=1e-5)
+        else:
+            assert stats["max"] == "nan" and stats["norm"] == 0.0
+        assert torch.equal(lwdump.load(handle.run_dir, line).view(-1).view(torch.uint8),
+                           x.reshape(-1).view(torch.uint8))
