@@ -172,27 +172,41 @@ class MsitReader:
         )
 
     def _scan_token(self, state: _Rank, token_dir: Path, files: dict) -> None:
+        token = int(token_dir.name)
         for node in scandir(token_dir):
             if node.is_dir():
-                self._scan_node(state, int(token_dir.name), Path(node.path), files)
+                self._scan_node(state, token, node.path, files)
 
-    def _scan_node(self, state: _Rank, token: int, node_dir: Path, files: dict) -> None:
+    def _scan_node(self, state: _Rank, token: int, node_dir: str | Path, files: dict) -> None:
+        node = os.path.basename(node_dir)
+        bucket = files.setdefault((state.path.name, token), [])
+        seen = self._seen
         for entry in scandir(node_dir):
-            self._add_file(state, token, entry.path, entry.name, files, entry)
+            name = entry.name
+            if (
+                (name.endswith(TENSOR_EXT) or name == STATS_CSV)
+                and entry.path not in seen
+                and not is_tmp_name(name)
+            ):
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue
+                bucket.append((entry.path, node, name, st.st_mtime_ns, st.st_size))
 
-    def _add_file(
-        self, state: _Rank, token: int, path: str, name: str, files: dict,
-        entry: os.DirEntry[str] | None = None,
-    ) -> None:  # fmt: skip
+    def _add_file(self, state: _Rank, token: int, path: str, name: str, files: dict) -> None:
         if path in self._seen or is_tmp_name(name):
             return
         if not (name.endswith(TENSOR_EXT) or name == STATS_CSV):
             return
         try:
-            mtime = (entry.stat() if entry is not None else os.stat(path)).st_mtime_ns
+            st = os.stat(path)
         except OSError:
             return
-        files.setdefault((state.path.name, token), []).append((path, name, mtime))
+        node = os.path.basename(os.path.dirname(path))
+        files.setdefault((state.path.name, token), []).append(
+            (path, node, name, st.st_mtime_ns, st.st_size)
+        )
 
     def _on_change(self, path: Path, files: dict, update: ReaderUpdate) -> None:
         try:
@@ -248,22 +262,21 @@ class MsitReader:
             tok = state.tokens.setdefault(token, _Token())
             # Nodes finish in mtime order; the tree's post-order breaks ties (coarse clocks).
             first: dict[str, int] = {}
-            for path, _name, mtime in items:
-                node = os.path.basename(os.path.dirname(path))
-                first[node] = min(first.get(node, mtime), mtime)
+            for _path, node, _name, mtime, _size in items:
+                if node not in first or mtime < first[node]:
+                    first[node] = mtime
             for node in sorted(
                 (n for n in first if n not in tok.order),
                 key=lambda n: (first[n], self._post_index(state, n), n),
             ):
                 tok.order[node] = len(tok.order)
-            for path, name, mtime in sorted(
-                items, key=lambda i: (tok.order.get(_node(i[0]), 0), i[1])
-            ):
+            order = tok.order
+            items.sort(key=lambda i: (order[i[1]], i[2]))
+            for path, node, name, mtime, size in items:
                 if path in self._seen:
                     continue
-                node = _node(path)
                 try:
-                    records = self._records(state, token, node, path, name)
+                    records = self._records(state, token, node, path, name, size)
                 except PthIncomplete:
                     since = self._pending.setdefault(path, now)
                     if full and now - max(since, mtime) > _STALE_NS:
@@ -277,15 +290,17 @@ class MsitReader:
                     self._pending.pop(path, None)
                     continue
                 self._seen.add(path)
-                self._pending.pop(path, None)
+                if self._pending:
+                    self._pending.pop(path, None)
+                node_order = order[node]
                 for record in records:
                     if record.key in self._keys:
                         continue
                     self._keys.add(record.key)
-                    record.order = tok.order[node]
+                    record.order = node_order
                     update.tensors.append(record)
                     if record.key.stem == "input_0" and record.loc is not None:
-                        tok.id_candidates.append((record.order, record.dtype, record.loc))
+                        tok.id_candidates.append((node_order, record.dtype, record.loc))
             self._token_ids(tok, token, update)
             if not state.ordered_topology and self._topology is not None and tok.order:
                 for node, order in tok.order.items():
@@ -295,13 +310,13 @@ class MsitReader:
                 update.topology = self._topology
 
     def _records(
-        self, state: _Rank, token: int, node: str, path: str, name: str
+        self, state: _Rank, token: int, node: str, path: str, name: str, size: int | None = None
     ) -> list[TensorRecord]:
         node_type = state.types.get(node, "")
         if name == STATS_CSV:
             return self._stats_records(state, token, node, path, node_type)
         stem = name.rsplit(".", 1)[0]
-        loc = npy_locator(path) if name.endswith(".npy") else pth_locator(path)
+        loc = npy_locator(path) if name.endswith(".npy") else pth_locator(path, size)
         key = TensorKey(token, node, stem, state.rank)
         return [TensorRecord(key, loc.dtype, loc.shape, loc, None, -1, node_type, path)]
 
@@ -406,10 +421,6 @@ class MsitReader:
             else:
                 update.weights[entry.name.rsplit(".", 1)[0]] = loc
             self._seen.add(entry.path)
-
-
-def _node(path: str) -> str:
-    return os.path.basename(os.path.dirname(path))
 
 
 def npy_locator(path: str) -> Locator:

@@ -72,24 +72,19 @@ def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, _Member]:
     cd = _pread(fd, cd_offset, cd_size, tail, tail_start)
     out: dict[str, _Member] = {}
     at = 0
+    unpack = _CD.unpack_from
     for _ in range(count):
-        if cd[at : at + 4] != b"PK\x01\x02":
+        fields = unpack(cd, at)
+        if fields[0] != b"PK\x01\x02":
             raise LayerwatchError(f"{path}: corrupt zip directory")
-        fields = _CD.unpack_from(cd, at)
-        method, csize, name_len, extra_len, comment_len, lho = (
-            fields[4],
-            fields[8],
-            fields[10],
-            fields[11],
-            fields[12],
-            fields[16],
-        )
-        name = cd[at + 46 : at + 46 + name_len].decode("utf-8", "replace")
-        extra = cd[at + 46 + name_len : at + 46 + name_len + extra_len]
+        csize, name_len, extra_len, lho = fields[8], fields[10], fields[11], fields[16]
+        start = at + 46
+        name = cd[start : start + name_len].decode("utf-8", "replace")
         if csize == 0xFFFFFFFF or lho == 0xFFFFFFFF:
+            extra = cd[start + name_len : start + name_len + extra_len]
             csize, lho = _zip64_extra(extra, fields[9], csize, lho)
-        at += 46 + name_len + extra_len + comment_len
-        if method != 0:
+        at = start + name_len + extra_len + fields[12]
+        if fields[4] != 0:
             raise LayerwatchError(f"{path}: compressed zip member {name} (not a torch.save file)")
         out[name] = _Member(name, lho, csize)  # data offset resolved lazily from the local header
     return out
@@ -217,6 +212,7 @@ _DTYPES = [
     "float8_e4m3fn",
     "float8_e5m2",
 ]
+_ITEMSIZE = {d: itemsize(d) for d in _DTYPES}
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
     ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
@@ -317,7 +313,8 @@ def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locato
         data_start = _data_offset(spath, fd, storage, head, size)
     finally:
         os.close(fd)
-    dtype = canonical_dtype(spec.dtype)
+    dtype = spec.dtype  # already one of our names (the stand-ins only produce those)
+    size_of = _ITEMSIZE.get(dtype) or itemsize(canonical_dtype(dtype))
     numel_needed = 0
     if all(d > 0 for d in spec.shape):
         numel_needed = (
@@ -325,7 +322,7 @@ def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locato
             + 1
             + sum((d - 1) * s for d, s in zip(spec.shape, spec.stride, strict=True))
         )
-    if numel_needed * itemsize(dtype) > storage.size:
+    if numel_needed * size_of > storage.size:
         raise LayerwatchError(f"{spath}: tensor view runs past its storage")
     strides = None if spec.stride == _contiguous(spec.shape) else spec.stride
     return Locator(spath, data_start, storage.size, dtype, spec.shape, strides, spec.storage_offset)
