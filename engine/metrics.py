@@ -2,14 +2,16 @@
 
 :class:`MetricAccumulator` is fed golden/target chunks in C order and keeps only scalar
 float64 sums, so a multi-GB pair compares in the memory of one chunk. Every chunk is cut
-into cache-sized blocks; a block costs one float64 copy of each side, three BLAS dot
-products (‖g‖², ‖t‖², ‖t−g‖²) and a handful of in-place ufuncs. Chunks whose bytes are
+into cache-sized blocks; a block costs one float64 copy of each side, four BLAS dot
+products (‖g‖², ‖t‖², g·t, ‖t−g‖²) and a handful of in-place ufuncs. Chunks whose bytes are
 identical (deterministic re-runs) skip all float work except ‖g‖².
 
 Definitions (over positions where *both* sides are finite, ``n_f`` of them):
 
-* cosine = 1 − (‖d‖² − (‖g‖ − ‖t‖)²) / (2‖g‖‖t‖), d = t − g — computed from the difference
-  norm so 1 − cos keeps its digits near 1 (0.9999 vs 0.99999 resolve; nothing is rounded).
+* cosine = 1 − (‖d‖² − (‖g‖ − ‖t‖)²) / (2‖g‖‖t‖), d = t − g, for close vectors
+  (‖d‖² ≤ ‖g‖‖t‖): computed from the difference norm, 1 − cos keeps its digits near 1
+  (0.9999 vs 0.99999 resolve; nothing is rounded). Otherwise g·t / (‖g‖‖t‖), which is exact
+  to ~1e-16 there (and stays right when the norms are orders of magnitude apart).
   Both norms 0 → 1.0; exactly one norm 0 → 0.0.
 * relative_euclidean_distance = ‖d‖ / ‖g‖; ‖g‖ = 0 → ``inf`` if ‖d‖ > 0 else 0.
 * absolute errors |d|; relative errors |d| / max(|g|, floor), where ``floor`` is the
@@ -75,7 +77,7 @@ class MetricAccumulator:
         self.n_finite = 0
         self.equal = 0
         self.nan_g = self.nan_t = self.inf_g = self.inf_t = self.mismatch = 0
-        self.gg = self.tt = self.dd = 0.0
+        self.gg = self.tt = self.gt = self.dd = 0.0
         self.max_abs = self.sum_abs = self.max_rel = self.sum_rel = 0.0
         self.c1 = self.c5 = 0
 
@@ -123,6 +125,7 @@ class MetricAccumulator:
             gg = float(masked @ masked)
         self.gg += gg
         self.tt += gg
+        self.gt += gg
         self.n_finite += finite
         self.c1 += finite
         self.c5 += finite
@@ -140,6 +143,7 @@ class MetricAccumulator:
             return
         self.gg += gg
         self.tt += tt
+        self.gt += float(g @ t)
         self.n_finite += m
         np.subtract(t, g, out=t)  # t holds d = t - g from here on
         self.dd += float(t @ t)
@@ -183,9 +187,12 @@ class MetricAccumulator:
             cos = 1.0
         elif ng == 0.0 or nt == 0.0:
             cos = 0.0
+        elif self.dd <= ng * nt:
+            # Close vectors: 1 - cos from the difference norm keeps its digits (error ~ε·‖d‖²/‖g‖‖t‖).
+            cos = 1.0 - min(max((self.dd - (ng - nt) ** 2) / (2.0 * ng * nt), 0.0), 2.0)
         else:
-            one_minus = (self.dd - (ng - nt) ** 2) / (2.0 * ng * nt)
-            cos = 1.0 - min(max(one_minus, 0.0), 2.0)
+            # Far apart (or norms orders of magnitude apart): the plain quotient is exact to ~ε.
+            cos = min(max(self.gt / (ng * nt), -1.0), 1.0)
         nd = math.sqrt(self.dd)
         red = nd / ng if ng > 0.0 else (math.inf if nd > 0.0 else 0.0)
         out = {

@@ -26,56 +26,32 @@ from layerwatch.capture.errors import LayerwatchError
 
 from .records import (
     COSINE,
-    EXACT,
-    FIVE_THOUSANDTHS,
     HIGHER_IS_BETTER,
     INF_GOLDEN,
     INF_TARGET,
-    KL,
     MARGIN,
-    MAX_ABS,
-    MAX_REL,
-    MEAN_ABS,
-    MEAN_REL,
     NAN_GOLDEN,
     NAN_MISMATCH,
     NAN_TARGET,
-    ONE_THOUSANDTH,
-    RED,
     STAT_METRICS,
     TOP1,
-    TOPK,
     Verdict,
 )
 from .seam import MetricCheck
-
-CLASSES = ("int", "fp32", "fp16", "bf16")
-"""Dtype classes from strictest to loosest; a pair is judged by the looser of its two sides."""
-CLASS_LABEL = {"int": "integer", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-TENSOR_METRICS = frozenset(
-    {COSINE, MAX_REL, MEAN_REL, MAX_ABS, MEAN_ABS, RED, ONE_THOUSANDTH, FIVE_THOUSANDTHS}
-    | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET, EXACT}
+from .threshold_schema import (
+    CLASS_LABEL,
+    CLASSES,
+    OVERRIDE_KEYS,
+    dtype_class,
+    looser,
+    validate,
 )
-LOGIT_METRICS = frozenset({KL, TOP1, TOPK, MARGIN})
-HIGHER = HIGHER_IS_BETTER - {MARGIN} | {EXACT}
+
+__all__ = ["CLASSES", "Override", "Thresholds", "dtype_class", "fmt_value", "looser"]
+
+HIGHER = HIGHER_IS_BETTER
 """Metrics where a larger value is better (the rest: smaller is better)."""
 LABEL = {COSINE: "cosine", NAN_MISMATCH: "NaN/Inf mismatch"}
-
-
-def dtype_class(dtype: str) -> str:
-    """``int``/``fp32``/``fp16``/``bf16`` for a dtype name from any reader or framework."""
-    name = dtype.lower().removeprefix("torch.").removeprefix("dt_").removeprefix("acl_")
-    if "bf16" in name or "bfloat16" in name or "float8" in name or "fp8" in name:
-        return "bf16"  # fp8 has no class of its own yet: the loosest float limits apply
-    if name in ("float16", "fp16", "half", "f16"):
-        return "fp16"
-    if name.startswith(("int", "uint", "bool", "long", "short", "char", "byte")):
-        return "int"
-    return "fp32"
-
-
-def looser(golden_dtype: str, target_dtype: str) -> str:
-    return max(dtype_class(golden_dtype), dtype_class(target_dtype), key=CLASSES.index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +91,7 @@ class Thresholds:
             raise LayerwatchError(f"cannot read thresholds file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise LayerwatchError(f"thresholds file {path} is not valid TOML: {exc}") from None
-        _validate(user, path)
+        validate(user, path)
         for key, value in user.items():
             if key == "override":
                 raw.setdefault("override", []).extend(value)
@@ -284,7 +260,7 @@ def fmt_value(name: str, value: float) -> str:
 def _default_raw() -> dict[str, Any]:
     text = resources.files(__package__).joinpath("thresholds.toml").read_text(encoding="utf-8")
     raw = tomllib.loads(text)
-    _validate(raw, "thresholds.toml")
+    validate(raw, "thresholds.toml")
     return raw
 
 
@@ -320,82 +296,10 @@ def _parse(raw: dict[str, Any], source: str) -> Thresholds:
                 tensor=ov.get("tensor", "*"),
                 dtype=ov.get("dtype"),
                 logits=ov.get("logits"),
-                limits={m: _limit(v) for m, v in ov.items() if m not in _OVERRIDE_KEYS},
+                limits={m: _limit(v) for m, v in ov.items() if m not in OVERRIDE_KEYS},
             )
             for ov in raw.get("override", [])
         ],
         topk=int(logits.get("topk", 5)),
         source=source,
     )
-
-
-_OVERRIDE_KEYS = frozenset({"node", "tensor", "dtype", "logits"})
-_SECTION_METRICS = {
-    "limits": TENSOR_METRICS,
-    "logits": TENSOR_METRICS | LOGIT_METRICS,
-    "statistics": frozenset(STAT_METRICS)
-    | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET},
-}
-_ALL_METRICS = TENSOR_METRICS | LOGIT_METRICS | _SECTION_METRICS["statistics"]
-
-
-def _validate(raw: dict[str, Any], path: str) -> None:
-    """Reject unknown keys and malformed values with a one-line message naming the key."""
-
-    def bad(key: str, why: str = "unknown key") -> LayerwatchError:
-        return LayerwatchError(f"thresholds file {path}: {why} '{key}'")
-
-    def check_limit(key: str, value: Any) -> None:
-        if value is not False and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise bad(key, "expected a number or false for")
-
-    for key, value in raw.items():
-        if key == "version":
-            continue
-        if key == "floor":
-            for cls, v in _table(value, key, bad).items():
-                if cls not in CLASSES:
-                    raise bad(f"floor.{cls}")
-                if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-                    raise bad(f"floor.{cls}", "expected a positive number for")
-        elif key in _SECTION_METRICS:
-            for cls, table in _table(value, key, bad).items():
-                if key == "logits" and cls == "topk":
-                    if isinstance(table, bool) or not isinstance(table, int) or table < 1:
-                        raise bad("logits.topk", "expected a positive integer for")
-                    continue
-                if cls not in CLASSES:
-                    raise bad(f"{key}.{cls}")
-                for metric, v in _table(table, f"{key}.{cls}", bad).items():
-                    if metric not in _SECTION_METRICS[key]:
-                        raise bad(f"{key}.{cls}.{metric}")
-                    check_limit(f"{key}.{cls}.{metric}", v)
-        elif key == "override":
-            if not isinstance(value, list):
-                raise bad("override", "expected [[override]] tables for")
-            for i, ov in enumerate(value):
-                where = f"override[{i}]"
-                if not isinstance(ov, dict) or not isinstance(ov.get("node"), str):
-                    raise bad(f"{where}.node", "missing or non-string")
-                for metric, v in ov.items():
-                    if metric in ("node", "tensor"):
-                        if not isinstance(v, str):
-                            raise bad(f"{where}.{metric}", "expected a string for")
-                    elif metric == "dtype":
-                        if v not in CLASSES:
-                            raise bad(f"{where}.dtype", f"expected one of {', '.join(CLASSES)} for")
-                    elif metric == "logits":
-                        if not isinstance(v, bool):
-                            raise bad(f"{where}.logits", "expected true/false for")
-                    elif metric not in _ALL_METRICS:
-                        raise bad(f"{where}.{metric}")
-                    else:
-                        check_limit(f"{where}.{metric}", v)
-        else:
-            raise bad(key)
-
-
-def _table(value: Any, key: str, bad: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise bad(key, "expected a table for")
-    return value

@@ -233,6 +233,18 @@ def test_cosine_keeps_its_digits_near_one() -> None:
             assert reason.startswith("cosine 0.9999 < 0.99999")
 
 
+def test_cosine_of_norms_orders_of_magnitude_apart() -> None:
+    """fp32 vs fp16 additive attention masks: −3.4e38 against −65504 at the same positions."""
+    golden = np.zeros((4, 4), np.float32)
+    golden[np.triu_indices(4, 1)] = np.finfo(np.float32).min
+    target = np.where(golden < 0, np.float32(np.finfo(np.float16).min), np.float32(0))
+    m = compare_arrays(golden, target)
+    assert m[COSINE] == pytest.approx(1.0, abs=1e-12)
+    assert m[RED] == pytest.approx(1.0, rel=1e-6)
+    flipped = compare_arrays(golden, golden.T.copy())
+    assert flipped[COSINE] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_torch_inputs_need_no_grad_or_cpu_copy_by_caller() -> None:
     golden = torch.as_tensor(BASE).requires_grad_(True)
     target = (golden * 1.0).detach()

@@ -1,0 +1,127 @@
+"""The thresholds file's vocabulary: dtype classes, which metric names each section takes,
+and the validation that turns any unknown or malformed key into a one-line error naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from layerwatch.capture.errors import LayerwatchError
+
+from .records import (
+    COSINE,
+    EXACT,
+    FIVE_THOUSANDTHS,
+    INF_GOLDEN,
+    INF_TARGET,
+    KL,
+    MARGIN,
+    MAX_ABS,
+    MAX_REL,
+    MEAN_ABS,
+    MEAN_REL,
+    NAN_GOLDEN,
+    NAN_MISMATCH,
+    NAN_TARGET,
+    ONE_THOUSANDTH,
+    RED,
+    STAT_METRICS,
+    TOP1,
+    TOPK,
+)
+
+CLASSES = ("int", "fp32", "fp16", "bf16")
+"""Dtype classes from strictest to loosest; a pair is judged by the looser of its two sides."""
+CLASS_LABEL = {"int": "integer", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+TENSOR_METRICS = frozenset(
+    {COSINE, MAX_REL, MEAN_REL, MAX_ABS, MEAN_ABS, RED, ONE_THOUSANDTH, FIVE_THOUSANDTHS}
+    | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET, EXACT}
+)
+LOGIT_METRICS = frozenset({KL, TOP1, TOPK, MARGIN})
+
+
+def dtype_class(dtype: str) -> str:
+    """``int``/``fp32``/``fp16``/``bf16`` for a dtype name from any reader or framework."""
+    name = dtype.lower().removeprefix("torch.").removeprefix("dt_").removeprefix("acl_")
+    if "bf16" in name or "bfloat16" in name or "float8" in name or "fp8" in name:
+        return "bf16"  # fp8 has no class of its own yet: the loosest float limits apply
+    if name in ("float16", "fp16", "half", "f16"):
+        return "fp16"
+    if name.startswith(("int", "uint", "bool", "long", "short", "char", "byte")):
+        return "int"
+    return "fp32"
+
+
+def looser(golden_dtype: str, target_dtype: str) -> str:
+    return max(dtype_class(golden_dtype), dtype_class(target_dtype), key=CLASSES.index)
+
+
+OVERRIDE_KEYS = frozenset({"node", "tensor", "dtype", "logits"})
+SECTION_METRICS = {
+    "limits": TENSOR_METRICS,
+    "logits": TENSOR_METRICS | LOGIT_METRICS,
+    "statistics": frozenset(STAT_METRICS)
+    | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET},
+}
+ALL_METRICS = TENSOR_METRICS | LOGIT_METRICS | SECTION_METRICS["statistics"]
+
+
+def validate(raw: dict[str, Any], path: str) -> None:
+    """Reject unknown keys and malformed values with a one-line message naming the key."""
+
+    def bad(key: str, why: str = "unknown key") -> LayerwatchError:
+        return LayerwatchError(f"thresholds file {path}: {why} '{key}'")
+
+    def check_limit(key: str, value: Any) -> None:
+        if value is not False and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise bad(key, "expected a number or false for")
+
+    for key, value in raw.items():
+        if key == "version":
+            continue
+        if key == "floor":
+            for cls, v in _table(value, key, bad).items():
+                if cls not in CLASSES:
+                    raise bad(f"floor.{cls}")
+                if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                    raise bad(f"floor.{cls}", "expected a positive number for")
+        elif key in SECTION_METRICS:
+            for cls, table in _table(value, key, bad).items():
+                if key == "logits" and cls == "topk":
+                    if isinstance(table, bool) or not isinstance(table, int) or table < 1:
+                        raise bad("logits.topk", "expected a positive integer for")
+                    continue
+                if cls not in CLASSES:
+                    raise bad(f"{key}.{cls}")
+                for metric, v in _table(table, f"{key}.{cls}", bad).items():
+                    if metric not in SECTION_METRICS[key]:
+                        raise bad(f"{key}.{cls}.{metric}")
+                    check_limit(f"{key}.{cls}.{metric}", v)
+        elif key == "override":
+            if not isinstance(value, list):
+                raise bad("override", "expected [[override]] tables for")
+            for i, ov in enumerate(value):
+                where = f"override[{i}]"
+                if not isinstance(ov, dict) or not isinstance(ov.get("node"), str):
+                    raise bad(f"{where}.node", "missing or non-string")
+                for metric, v in ov.items():
+                    if metric in ("node", "tensor"):
+                        if not isinstance(v, str):
+                            raise bad(f"{where}.{metric}", "expected a string for")
+                    elif metric == "dtype":
+                        if v not in CLASSES:
+                            raise bad(f"{where}.dtype", f"expected one of {', '.join(CLASSES)} for")
+                    elif metric == "logits":
+                        if not isinstance(v, bool):
+                            raise bad(f"{where}.logits", "expected true/false for")
+                    elif metric not in ALL_METRICS:
+                        raise bad(f"{where}.{metric}")
+                    else:
+                        check_limit(f"{where}.{metric}", v)
+        else:
+            raise bad(key)
+
+
+def _table(value: Any, key: str, bad: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad(key, "expected a table for")
+    return value
