@@ -224,6 +224,8 @@ class MsitReader:
         if not is_rank_dir_name(rel[0]):
             return
         state = self._ranks.get(rel[0]) or self._add_rank(rel[0])
+        if state.tree_sig is None and not (len(rel) == 2 and rel[1] == TREE):
+            self._read_tree(state, update)  # one stat until msit has written a parseable tree
         if len(rel) == 1:
             self._read_tree(state, update)
             for token_dir in self._token_dirs(state):
