@@ -175,7 +175,8 @@ def test_reads_a_real_capture_of_a_tiny_llama(tmp_path: Path) -> None:
         lambda m, i, o: seen.setdefault("down", o.detach().clone())
     )
     prompt = torch.tensor([[11, 42, 7, 93]])
-    with register_hook(model, DumpConfig(dump_path=str(tmp_path))), torch.no_grad():
+    config = DumpConfig(dump_path=str(tmp_path), dump_weight=True)
+    with register_hook(model, config), torch.no_grad():
         out = model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
     update = open_dump(tmp_path).poll()
     assert update.complete
@@ -189,3 +190,7 @@ def test_reads_a_real_capture_of_a_tiny_llama(tmp_path: Path) -> None:
     # Execution order: an inner module finishes before the layer that contains it.
     assert down.order < by_key[(0, "root.model.layers.1", "output")].order
     assert update.topology is not None and "root.model.layers.1.mlp" in update.topology.nodes
+    weight = update.weights["root.model.layers.1.mlp.down_proj.weight"]
+    np.testing.assert_array_equal(
+        load_array(weight), model.model.layers[1].mlp.down_proj.weight.detach().numpy()
+    )
