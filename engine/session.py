@@ -243,10 +243,18 @@ class CompareSession(SessionState):
         return out
 
     def _refresh_findings(self) -> None:
-        fails = [self._pairs[k].eff for k in self._fail_keys]
-        failures = [r for r in fails if r is not None]
-        first = findings.first_failure(failures)
-        cause = findings.root_cause(failures, self._inputs)
+        tokens = sorted(self._fails)
+        first = cause = None
+        for i, token in enumerate(tokens):
+            failures = [
+                r for r in (self._pairs[k].eff for k in self._fails[token]) if r is not None
+            ]
+            if i == 0:
+                first = findings.first_failure(failures)
+            cause = findings.root_cause(failures, self._inputs)
+            if cause is not None:
+                break
+        old_first = self._first_failure
         old_first = self._first_failure
         self._first_failure = self._finding(first) if first is not None else None
         if cause is None:
@@ -259,7 +267,11 @@ class CompareSession(SessionState):
                 else "output fails; its inputs were not captured"
             )
             self._root_cause = self._finding(result, why)
-        self._first_bad_token = findings.first_bad_token(failures, self._logits_seen)
+        if self._logits_seen:
+            bad = [t for t, n in self._logits_fails.items() if n > 0]
+            self._first_bad_token = min(bad) if bad else None
+        else:
+            self._first_bad_token = tokens[0] if tokens else None
         new_cell = self._first_cell()
         if old_first is None or self._first_failure is None or new_cell != self._first_bad_cell:
             if self._first_bad_cell is not None:
@@ -312,11 +324,7 @@ class CompareSession(SessionState):
         blocks = self._layout.blocks if self._blocks_changed else None
         self._blocks_changed = False
         notes, self._new_notes = self._new_notes, []
-        done = (
-            all(self._finished.values())
-            and not self._todo
-            and all(p.eff is not None for p in self._pairs.values())
-        )
+        done = all(self._finished.values()) and not self._todo and self._uncompared() == 0
         return ResultBatch(
             cells=cells,
             pairs=pairs,
@@ -407,6 +415,10 @@ class CompareSession(SessionState):
             block=self._layout.block_of(gnode, part_of(key.stem)),
         )
 
+    def _uncompared(self) -> int:
+        """Pairs without a result yet (every result is counted once in ``_counts``)."""
+        return len(self._pairs) - sum(self._counts.values())
+
     def _summary(self) -> Summary:
         counts = self._counts
         unpaired = (len(self._gonly) if self._finished["target"] else 0) + (
@@ -415,7 +427,7 @@ class CompareSession(SessionState):
         pending = (0 if self._finished["target"] else len(self._gonly)) + (
             0 if self._finished["golden"] else len(self._tonly)
         )
-        pending += sum(1 for p in self._pairs.values() if p.eff is None)
+        pending += self._uncompared()
         return Summary(
             pairs=counts[Verdict.PASS]
             + counts[Verdict.FAIL]

@@ -65,7 +65,9 @@ class SessionState:
         self._members: dict[tuple[int, int], set[Member]] = defaultdict(set)
         self._member_cell: dict[Member, tuple[int, int]] = {}
         self._node_keys: dict[tuple[int, int, str], set[TensorKey]] = defaultdict(set)
-        self._fail_keys: set[TensorKey] = set()
+        self._fails: dict[int, set[TensorKey]] = defaultdict(set)
+        """Failing pairs (FAIL/ERROR, not diverged) by token: the findings look at the earliest."""
+        self._logits_fails: Counter[int] = Counter()
         self._counts: Counter[Verdict] = Counter()
         self._n_logits = 0
         self._dirty_cells: set[tuple[int, int]] = set()
@@ -260,7 +262,8 @@ class SessionState:
         pair.eff = new
         self._counts[new.verdict] += 1
         if is_failure(new):
-            self._fail_keys.add(pair.gkey)
+            self._fails[pair.gkey.token].add(pair.gkey)
+            self._logits_fails[pair.gkey.token] += new.is_logits
         self._changed.add(("g", pair.gkey))
         self._dirty_member(("g", pair.gkey))
         self._findings_dirty = True
@@ -268,7 +271,12 @@ class SessionState:
     def _drop_eff(self, pair: _Pair) -> None:
         if pair.eff is not None:
             self._counts[pair.eff.verdict] -= 1
-            self._fail_keys.discard(pair.gkey)
+            token = pair.gkey.token
+            if pair.gkey in self._fails.get(token, ()):
+                self._fails[token].discard(pair.gkey)
+                if not self._fails[token]:
+                    del self._fails[token]
+                self._logits_fails[token] -= pair.eff.is_logits
             pair.eff = None
             self._findings_dirty = True
 
