@@ -20,6 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -187,6 +188,20 @@ FLOOR = textwrap.dedent("""
 """)
 
 
+MSIT_E2E = textwrap.dedent("""
+    import sys, logging
+    from pathlib import Path
+    import numpy as np, torch
+    logging.disable(logging.CRITICAL)
+    from msit_llm.compare.cmp_utils import compare_data
+    root, pairs, n = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    for i in range(pairs):
+        g = torch.from_numpy(np.fromfile(root / f"g{i}.bin", np.float32))
+        t = torch.from_numpy(np.fromfile(root / f"t{i}.bin", np.int16)).view(torch.bfloat16)
+        compare_data(g, t)
+""")
+
+
 def section_e2e(repeats: int, tmp: Path) -> None:
     """msit E4's volume: 468 pairs, 56 M element pairs, fp32 golden vs bf16 target (336 MB)."""
     pairs, n = 468, 120_000
@@ -197,10 +212,10 @@ def section_e2e(repeats: int, tmp: Path) -> None:
         (bf16_round(g).view(np.uint32) >> 16).astype(np.uint16).tofile(tmp / f"t{i}.bin")
     mb = pairs * n * 6 / 1e6
 
-    def run(code: str) -> float:
+    def run(code: str, python: str = sys.executable) -> float:
         def once() -> None:
             subprocess.run(
-                [sys.executable, "-c", code, str(tmp), str(pairs), str(n)],
+                [python, "-c", code, str(tmp), str(pairs), str(n)],
                 check=True,
                 env=ENV,
                 capture_output=True,
@@ -210,6 +225,7 @@ def section_e2e(repeats: int, tmp: Path) -> None:
 
     t_ours = run(E2E)
     t_floor = run(FLOOR)
+    t_msit = run(MSIT_E2E, str(MSIT_PYTHON)) if MSIT_PYTHON.exists() else math.nan
     t_python = best(
         lambda: subprocess.run([sys.executable, "-c", "import numpy"], check=True, env=ENV), repeats
     )
@@ -221,6 +237,10 @@ def section_e2e(repeats: int, tmp: Path) -> None:
         f"  np.fromfile floor (same process shape): {t_floor:.2f} s → {t_floor / t_ours:.0%} of floor"
     )
     print(f"  python + numpy start-up alone: {t_python:.2f} s")
+    print(
+        f"  msit compare_data loop, same files (side venv; no msit CLI/file checks): {t_msit:.2f} s"
+        f" → {t_msit / t_ours:.1f}× faster"
+    )
     print(
         f"  msit llm compare (msit.md E4, 336.6 MB): {MSIT_E2E_S:.2f} s → {MSIT_E2E_S / t_ours:.1f}× faster"
         f" (goal ≥ 10×: < {MSIT_E2E_S / 10:.2f} s)"
