@@ -249,3 +249,31 @@ def test_torch_inputs_need_no_grad_or_cpu_copy_by_caller() -> None:
     golden = torch.as_tensor(BASE).requires_grad_(True)
     target = (golden * 1.0).detach()
     assert compare_arrays(golden * 1.0, target)[COSINE] == 1.0
+
+
+@ARRAY_TYPES
+def test_identical_payloads_with_nan_take_the_fast_path_and_still_count(array_type) -> None:
+    golden = BASE.copy()
+    golden[2, 3], golden[6, 1] = np.nan, -np.inf
+    m = compare_arrays(array_type(golden), array_type(golden.copy()))
+    assert (m[NAN_GOLDEN], m[NAN_TARGET], m[INF_GOLDEN], m[INF_TARGET], m[NAN_MISMATCH]) == (
+        1,
+        1,
+        1,
+        1,
+        0,
+    )
+    assert m[COSINE] == 1.0 and m[RED] == 0.0 and m[ONE_THOUSANDTH] == 1.0
+    assert judge(m)[0] is Verdict.PASS
+
+
+def test_compare_path_imports_neither_torch_nor_pandas() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, layerwatch.engine.compare, layerwatch.engine.explain, layerwatch.engine.metrics;"
+        "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
