@@ -85,12 +85,9 @@ class CaptureOptions:
     def msit_flags(self) -> list[str]:
         """The matching ``msit llm dump`` options (ATB probe), or a one-line error."""
         flags = ["--type", "model", "stats" if self.stats_only else "tensor"]
-        if self.tokens:
-            ranges = parse_tokens(self.tokens).ranges
-            flags += [
-                "-er",
-                ",".join(f"{lo},{hi if hi is not None else 1_000_000}" for lo, hi in ranges),
-            ]
+        # msit's default is the first execution only (-er 0,0); ours is every token.
+        ranges = parse_tokens(self.tokens).ranges if self.tokens else ((0, None),)
+        flags += ["-er", ",".join(f"{lo},{1_000_000 if hi is None else hi}" for lo, hi in ranges)]
         flags += ["-stp", {"in": "0", "out": "1", "both": "2"}[self.part]]
         if self.layers:
             if any(ch in self.layers.rstrip("*") for ch in "*?["):

@@ -50,6 +50,14 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=0, metavar="N", help="compare processes (default: CPU count)")
 
 
+def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = True) -> None:
+    """Headless report options of run/watch/open (as ``compare``), and the attach idle rule."""
+    parser.add_argument("-o", "--output", metavar="FILE", help="with --headless: write the report (.csv, or .json)")
+    parser.add_argument("--json", action="store_true", help="with --headless: print one JSON object to stdout, as compare --json")
+    if idle:
+        parser.add_argument("--idle", type=float, default=30.0, metavar="S", help="an attached dump is finished after S seconds without new files (default 30), or at its end marker")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="layerwatch",
@@ -86,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_capture_options(run)
     add_watch_options(run)
     add_compare_options(run)
+    add_live_report_options(run)
 
     watch = sub.add_parser("watch", help="attach to two dumps being written by anything")
     watch.add_argument("golden", metavar="GOLDEN_DIR")
@@ -93,11 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--headless", action="store_true", help="print progress lines instead of the TUI")
     add_watch_options(watch)
     add_compare_options(watch)
+    add_live_report_options(watch)
 
     open_ = sub.add_parser("open", help="browse the comparison of two finished dumps")
     open_.add_argument("golden", metavar="GOLDEN")
     open_.add_argument("target", metavar="TARGET")
+    open_.add_argument("--headless", action="store_true", help="print the results instead of opening the TUI")
     add_compare_options(open_)
+    add_live_report_options(open_, idle=False)
 
     compare = sub.add_parser("compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure")
     compare.add_argument("golden", metavar="GOLDEN")

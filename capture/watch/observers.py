@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import warnings
 import weakref
 
 from watchdog.observers import Observer
@@ -48,6 +49,9 @@ class InotifyWatcher(Watcher):
         _LIVE.add(self)
 
     def _new_observer(self) -> BaseObserver:
+        # A directory created while its parent's watch is being added gets its watch twice;
+        # watchdog warns and keeps one. Benign, and a warning on stderr would garble the TUI.
+        warnings.filterwarnings("ignore", "Callback with id", RuntimeWarning, r"watchdog\.")
         return Observer()
 
     def _schedule_failed(

@@ -74,7 +74,12 @@ def test_sigterm_to_layerwatch_dump_leaves_no_orphans(tmp_path: Path) -> None:
 
 
 def test_child_that_obeys_sigterm_is_not_killed(tmp_path: Path) -> None:
-    child = Child(LaunchSpec(cmd=[sys.executable, "-c", "import time; print('up', flush=True); time.sleep(100)"], out=tmp_path / "d"))
+    child = Child(
+        LaunchSpec(
+            cmd=[sys.executable, "-c", "import time; print('up', flush=True); time.sleep(100)"],
+            out=tmp_path / "d",
+        )
+    )
     child.start()
     deadline = time.monotonic() + 20
     while "up" not in child.log_tail() and time.monotonic() < deadline:

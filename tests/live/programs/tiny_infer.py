@@ -44,9 +44,15 @@ def main():
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--crash-at", type=int, default=-1)
     parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument(
+        "--fault-layer", type=int, default=-1, help="perturb this layer's last Linear"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     model = TinyLM(dim=args.dim).eval()
+    if args.fault_layer >= 0:
+        with torch.no_grad():
+            model.layers[args.fault_layer].mlp[2].weight.mul_(1.3)
     ids = torch.tensor([[1, 2, 3]])
     out = []
     with torch.no_grad():

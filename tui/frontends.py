@@ -1,0 +1,276 @@
+"""``layerwatch run``, ``watch`` and ``open``: build a live pipeline, show it in the TUI or headless.
+
+Headless (``--headless``, or when stdout is not a terminal): progress lines on stderr at most
+once a second, run-state changes and notes on stderr as they happen, the first failure on
+stdout the moment it is known (stderr with ``--json``, so stdout stays one JSON object), then
+the same summary, report options and exit codes as ``layerwatch compare``: 0 everything passed,
+1 a failure, 2 nothing to compare or bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from layerwatch.capture.errors import LayerwatchError
+
+EXIT_INTERRUPTED = 130
+PROGRESS_EVERY = 1.0
+
+
+def _session(args: argparse.Namespace, tokens: str | None = None) -> Any:
+    from layerwatch.capture.tokens import parse_tokens
+    from layerwatch.engine.session import CompareSession
+
+    return CompareSession(
+        thresholds=getattr(args, "thresholds", None),
+        mapping=getattr(args, "map", None),
+        tokens=parse_tokens(tokens) if tokens else None,
+        jobs=getattr(args, "jobs", 0) or 0,
+        auto_map=True if getattr(args, "auto_map", False) else None,
+    )
+
+
+def _launch_dir(out: Path, side: str) -> Path:
+    path = out / side
+    if path.exists() and any(path.iterdir()):
+        raise LayerwatchError(
+            f"{path} is not empty (an earlier run?): pick another --out or remove it"
+        )
+    return path
+
+
+def run_main(args: argparse.Namespace) -> int:
+    from layerwatch.capture.launch import CaptureOptions, LaunchSpec
+    from layerwatch.engine.live import LivePipeline, SideSpec, attach_spec
+
+    options = CaptureOptions.from_args(args)
+    out = Path(args.out or time.strftime("layerwatch-run-%Y%m%d-%H%M%S")).absolute()
+
+    def side(name: str, cmd: str | None, path: str | None) -> SideSpec:
+        if cmd is None:
+            return attach_spec(path or "", idle_s=args.idle)
+        argv: str | list[str] = cmd if args.shell else shlex.split(cmd)
+        where = _launch_dir(out, name)
+        launch = LaunchSpec(argv, where, options, shell=args.shell, log=out / f"{name}.log")
+        return SideSpec(where, launch)
+
+    golden = side("golden", args.golden_cmd, args.golden)
+    target = side("target", args.target_cmd, args.target)
+    pipeline = LivePipeline(
+        golden, target, session=_session(args, options.tokens),
+        poll=True if args.poll else None, poll_interval=args.poll_interval,
+    )  # fmt: skip
+    title = f"layerwatch run · {_name(args.golden_cmd or args.golden)} vs {_name(args.target_cmd or args.target)}"
+    return present(pipeline, args, title)
+
+
+def watch_main(args: argparse.Namespace) -> int:
+    from layerwatch.engine.live import LivePipeline, attach_spec
+
+    pipeline = LivePipeline(
+        attach_spec(args.golden, idle_s=args.idle), attach_spec(args.target, idle_s=args.idle),
+        session=_session(args), poll=True if args.poll else None, poll_interval=args.poll_interval,
+    )  # fmt: skip
+    return present(pipeline, args, f"layerwatch watch · {args.golden} vs {args.target}")
+
+
+def open_main(args: argparse.Namespace) -> int:
+    from layerwatch.engine.live import LivePipeline, attach_spec
+
+    for path, side in ((args.golden, "golden"), (args.target, "target")):
+        if not Path(path).exists():
+            raise LayerwatchError(f"{side} dump {path}: no such file or directory")
+    pipeline = LivePipeline(
+        attach_spec(args.golden, idle_s=0, watch=False), attach_spec(args.target, idle_s=0, watch=False),
+        session=_session(args),
+    )  # fmt: skip
+    return present(pipeline, args, f"layerwatch open · {args.golden} vs {args.target}", live=False)
+
+
+def _name(text: str | None) -> str:
+    return (text or "").strip().split("/")[-1][:40] or "?"
+
+
+# --- presenting ----------------------------------------------------------------------------
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (an SSH session closing) unwind like Ctrl-C, so ``finally`` blocks
+    stop the launched children instead of leaving them running."""
+
+    def raise_interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread
+            previous[sig] = signal.signal(sig, raise_interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def present(pipeline: Any, args: argparse.Namespace, title: str, *, live: bool = True) -> int:
+    """The TUI when asked for and possible, else headless printing."""
+    if not getattr(args, "headless", False):
+        try:
+            from layerwatch.tui.app import run_app
+        except ImportError as exc:
+            print(
+                f"layerwatch: the TUI is not available ({exc}); printing results instead",
+                file=sys.stderr,
+            )
+        else:
+            if sys.stdout.isatty() and sys.stdin.isatty():
+                with interrupt_on_signals():
+                    try:
+                        return run_app(pipeline, title=title)
+                    except KeyboardInterrupt:
+                        pipeline.stop()
+                        return EXIT_INTERRUPTED
+            print(
+                "layerwatch: not a terminal; printing results instead of the TUI", file=sys.stderr
+            )
+    return headless(pipeline, args, live=live)
+
+
+def headless(
+    pipeline: Any,
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    live: bool = True,
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    as_json = bool(getattr(args, "json", False))
+    # Finished dumps (open): stdout is exactly compare's; the early first-failure line goes to stderr.
+    printer = Printer(pipeline, failures=err if as_json or not live else out, progress=err)
+    interrupted = False
+    with interrupt_on_signals():
+        try:
+            pipeline.start()
+            while not pipeline.wait(0.1):
+                printer.batches(pipeline.sink.drain())
+        except KeyboardInterrupt:
+            interrupted = True
+            print("layerwatch: interrupted: stopping the commands", file=err)
+        finally:
+            pipeline.stop()
+    printer.batches(pipeline.sink.drain())
+    return report(pipeline, args, out, interrupted)
+
+
+def report(pipeline: Any, args: argparse.Namespace, out: TextIO, interrupted: bool) -> int:
+    """compare's ending: CSV/JSON report, summary or JSON on stdout, compare's exit codes."""
+    from layerwatch.engine.report import dumps_json, export, json_report, summary_text
+
+    session = pipeline.session
+    results = session.results()
+    if not results:
+        if interrupted:
+            return EXIT_INTERRUPTED
+        raise LayerwatchError(
+            "nothing to compare: "
+            + ("; ".join(session.notes[-3:]) or "no tensors landed on either side")
+        )
+    if getattr(args, "output", None):
+        try:
+            export(args.output, session)
+        except OSError as exc:
+            raise LayerwatchError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    if getattr(args, "json", False):
+        report = json_report(
+            results,
+            session.summary,
+            session.first_failure,
+            session.root_cause,
+            session.first_bad_token,
+        )
+        out.write(dumps_json(report) + "\n")
+    else:
+        out.write(summary_text(session) + "\n")
+        for note in pipeline.notes:
+            out.write(f"note: {note}\n")
+    out.flush()
+    if interrupted:
+        return EXIT_INTERRUPTED
+    summary = session.summary
+    # As compare, plus: a launched command that failed fails the run (CI must not pass it).
+    return 1 if summary.failed or summary.error or pipeline.failed_commands else 0
+
+
+class Printer:
+    """Headless progress: what changed, throttled; the first failure at once."""
+
+    def __init__(self, pipeline: Any, *, failures: TextIO, progress: TextIO) -> None:
+        self.pipeline = pipeline
+        self.failures = failures
+        self.progress = progress
+        self.first: Any = None
+        self.runs: dict[str, Any] = {}
+        self.pairs = 0
+        self.failed = 0
+        self._last = 0.0
+        self._said = ""
+
+    def batches(self, batches: list[Any]) -> None:
+        from layerwatch.engine.report import finding_words
+
+        for batch in batches:
+            for status in batch.runs.values():
+                before = self.runs.get(status.side)
+                self.runs[status.side] = status
+                if before is None or (before.state, before.message) != (
+                    status.state,
+                    status.message,
+                ):
+                    print(
+                        f"layerwatch: {status.side}: {_run_words(status)}",
+                        file=self.progress,
+                        flush=True,
+                    )
+            for note in batch.notes:
+                print(f"layerwatch: note: {note}", file=self.progress, flush=True)
+            self.pairs, self.failed = batch.summary.pairs, batch.summary.failed
+            first = batch.first_failure
+            if first is not None and (
+                self.first is None
+                or (first.token, first.node, first.stem)
+                != (self.first.token, self.first.node, self.first.stem)
+            ):
+                again = " (an earlier one landed)" if self.first is not None else ""
+                self.first = first
+                words = finding_words(first, self.pipeline.session.blocks())
+                print(f"first failure{again}: {words}", file=self.failures, flush=True)
+        self._tick()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last < PROGRESS_EVERY or not (self.runs or self.pairs):
+            return
+        sides = " · ".join(
+            f"{s.side} {s.tokens} tokens {s.tensors} tensors" for s in self.runs.values()
+        )
+        line = f"layerwatch: {sides + ' · ' if sides else ''}{self.pairs} pairs compared, {self.failed} fail"
+        if line != self._said:
+            self._last, self._said = now, line
+            print(line, file=self.progress, flush=True)
+
+
+def _run_words(status: Any) -> str:
+    if status.state == "running" and status.pid:
+        return f"running (pid {status.pid})"
+    if status.state in ("exited", "crashed") and status.message:
+        return status.message
+    return f"{status.state}{': ' + status.message if status.message else ''}"
