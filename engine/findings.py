@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from .cells import is_failure
 from .records import PairResult, TensorKey, Verdict
 
 _UNKNOWN = 1 << 40
@@ -68,8 +67,3 @@ def root_cause(
             continue
         return result, bool(inputs)
     return None
-
-
-def first_bad_token(failures: Iterable[PairResult], logits_seen: bool) -> int | None:
-    tokens = [r.key.token for r in failures if is_failure(r) and (r.is_logits or not logits_seen)]
-    return min(tokens, default=None)

@@ -66,6 +66,7 @@ class CompareSession(SessionState):
             mapping = load_mapping(mapping)
         self.thresholds = thresholds
         self.tokens = TokenSelection.of(tokens)
+        self._token_filter = self.tokens != TokenSelection.everything()
         self.sink = sink
         self.pairer = Pairer(mapping, auto_map)
         self.runner = JobRunner(compare, thresholds, jobs, big_bytes)

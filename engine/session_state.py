@@ -84,6 +84,9 @@ class SessionState:
         self._gnodes: dict[str, tuple[str, int, int]] = {}
         """Golden node → (type, order, token of that order): a topology guess before the real one."""
         self._names_dirty = False
+        self._tnodes: set[str] = set()
+        self._token_filter = True
+        """False when every token is selected (skips the per-record check)."""
         self._pairing_sizes = (0, 0)
         self._float_out: dict[str, int] = {}
         self._logits: tuple[str | None, int | None] = (None, None)
@@ -109,7 +112,7 @@ class SessionState:
     # --- records ---------------------------------------------------------------------------
     def _add_record(self, side: str, record: TensorRecord) -> None:
         key = record.key
-        if key.token not in self.tokens:
+        if self._token_filter and key.token not in self.tokens:
             return
         store = self._records[side]
         old = store.get(key)
@@ -148,10 +151,12 @@ class SessionState:
                 self._node_keys[(key.token, key.rank, key.node)].add(key)
                 self._gonly.add(key)
                 self._place(("g", key))
-                self._sync(key)
+                if self._by_g.get(key):
+                    self._sync(key)
             elif key in self._pairs:
                 self._requeue(self._pairs[key])
         elif old is None:
+            self._tnodes.add(key.node)
             self._map_target(key)
         else:
             gkey = self._tmap.get(key)
@@ -162,11 +167,15 @@ class SessionState:
     def _map_target(self, tkey: TensorKey) -> None:
         gkey = self._extra.get(tkey) or self.pairer.golden_key(tkey)
         self._tmap[tkey] = gkey
-        self._tonly.add(tkey)
-        self._place(("t", tkey))
         if gkey is not None:
             self._by_g[gkey].add(tkey)
-            self._sync(gkey)
+            if gkey in self._records["golden"]:
+                pair = self._pairs.get(gkey)
+                if pair is None or tkey < pair.tkey:
+                    self._sync(gkey)  # pairs it now: never placed as a one-sided member
+                    return
+        self._tonly.add(tkey)
+        self._place(("t", tkey))
 
     def _sync(self, gkey: TensorKey) -> None:
         """Make ``_pairs[gkey]`` agree with the records and the mapping."""
@@ -316,7 +325,7 @@ class SessionState:
 
     # --- structure: pairing, layout, logits, divergence -------------------------------------
     def _refresh(self) -> None:
-        sizes = (len(self._gnodes), len(self._tnodes_set()))
+        sizes = (len(self._gnodes), len(self._tnodes))
         if self._struct_dirty or (self.pairer.auto is None and sizes != self._pairing_sizes):
             self._struct_dirty = False
             self._pairing_sizes = sizes
@@ -324,7 +333,7 @@ class SessionState:
                 self._topo["golden"],
                 self._topo["target"],
                 set(self._gnodes),
-                self._tnodes_set(),
+                set(self._tnodes),
                 (self._weights["golden"], self._weights["target"]),
             ):
                 for note in self.pairer.notes:
@@ -338,9 +347,6 @@ class SessionState:
         if self._divergence_dirty:
             self._divergence_dirty = False
             self._refresh_divergence()
-
-    def _tnodes_set(self) -> set[str]:
-        return {k.node for k in self._records["target"]}
 
     def _remap_all(self) -> None:
         self._extra = {}
