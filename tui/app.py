@@ -14,7 +14,6 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 from layerwatch.engine.seam import ComparisonSource
 from textual.app import App, SystemCommand
 from textual.screen import Screen
@@ -83,15 +82,13 @@ class LayerwatchApp(App[int]):
         model = self.model
         if tick.blocks is not None:
             model.set_blocks(tick.blocks)
-        rows = model.apply(tick.cells)
+        changed = model.apply(tick.cells)
         first = self.state.first_failure
         moved = model.set_first_bad(
             (first.token, first.block) if first and first.block >= 0 else None
         )
-        if moved:
-            rows = np.union1d(rows, np.asarray(moved, dtype=np.int64))
         if self.main_screen is not None and self.main_screen.is_mounted:
-            self.main_screen.apply_tick(tick, rows)
+            self.main_screen.apply_tick(tick, changed, moved)
         for note in tick.notes[:MAX_NOTES_PER_TICK]:
             self.notify(note, timeout=6)
 

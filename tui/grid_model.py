@@ -35,6 +35,21 @@ class CellInfo:
     first_bad: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """The cells one :meth:`GridModel.apply` call changed (each cell once)."""
+
+    tokens: np.ndarray
+    blocks: np.ndarray
+
+    @property
+    def rows(self) -> np.ndarray:
+        return np.unique(self.tokens)
+
+
+NOTHING = Changed(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
 def _placeholder_block(index: int) -> BlockInfo:
     return BlockInfo(index, f"#{index}", "layer", "")
 
@@ -54,6 +69,8 @@ class GridModel:
         self.filter_text = ""
         self.visible = np.zeros(0, dtype=np.int64)
         """Block indices shown as columns, in order (all of them unless filtered)."""
+        self.column_index = np.zeros(0, dtype=np.int64)
+        """Inverse of :attr:`visible`: the column showing each block, -1 when filtered out."""
         self.version = 0
         """Bumped when every cell may look different (metric, filter, columns): clears caches."""
         self._alloc(capacity, 0)
@@ -98,11 +115,11 @@ class GridModel:
         self.blocks = blocks
         self._refilter()
 
-    def apply(self, cells: Sequence[CellUpdate]) -> np.ndarray:
-        """Apply cell updates (later ones win); return the sorted rows that changed."""
+    def apply(self, cells: Sequence[CellUpdate]) -> Changed:
+        """Apply cell updates (later ones win); return which cells changed."""
         n = len(cells)
         if n == 0:
-            return np.zeros(0, dtype=np.int64)
+            return NOTHING
         tokens = np.fromiter((c.token for c in cells), np.int64, n)
         blocks = np.fromiter((c.block for c in cells), np.int64, n)
         keep = (tokens >= 0) & (blocks >= 0)
@@ -135,7 +152,7 @@ class GridModel:
         flagged = [(c.token, c.block) for c in cells if c.first_bad]
         if flagged and self.first_bad is None:
             self.set_first_bad(min(flagged))
-        return rows
+        return Changed(tokens, blocks)
 
     def set_first_bad(self, cell: tuple[int, int] | None) -> list[int]:
         """Move the first-failure mark; returns the rows to repaint."""
@@ -179,12 +196,16 @@ class GridModel:
                 ],
                 dtype=np.int64,
             )
+        self.column_index = np.full(self.n_blocks, -1, dtype=np.int64)
+        self.column_index[self.visible] = np.arange(len(self.visible))
         self.version += 1
 
     def column_of(self, block: int) -> int | None:
         """Visible column showing ``block``, or None when the filter hides it."""
-        hits = np.flatnonzero(self.visible == block)
-        return int(hits[0]) if hits.size else None
+        if not 0 <= block < len(self.column_index):
+            return None
+        col = int(self.column_index[block])
+        return col if col >= 0 else None
 
     # --- queries ---------------------------------------------------------------------------
     def failure_positions(self) -> np.ndarray:

@@ -188,7 +188,7 @@ def legend_entries(metric: str) -> list[tuple[str, str, int]]:
         ("fail", "fail", CellState.FAIL * CODES_PER_STATE + 30),
         ("≠", "diverged", CellState.DIVERGED * CODES_PER_STATE + Q_UNKNOWN),
         ("NaN", "NaN/Inf", CellState.NONFINITE * CODES_PER_STATE),
-        ("ERR", "error", CellState.ERROR * CODES_PER_STATE),
+        ("ERR", "ERR", CellState.ERROR * CODES_PER_STATE),
         ("…", "one side", CellState.WAITING * CODES_PER_STATE),
         ("·", "not dumped", CellState.EMPTY * CODES_PER_STATE),
     ]

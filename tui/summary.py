@@ -38,13 +38,18 @@ class CellSummary(Static):
         super().__init__(id=id)
         self.info: CellInfo | None = None
         self.pairs: list[PairResult] | None = None
+        self._shown = ""
+        self._spans: list = []
 
     def show(self, info: CellInfo | None, pairs: list[PairResult] | None = None) -> None:
         self.info, self.pairs = info, pairs
-        self.update(self._text())
+        text = self._text()
+        if text.plain != self._shown or text.spans != self._spans:
+            self._shown, self._spans = text.plain, text.spans
+            self.update(text, layout=False)
 
     def on_resize(self) -> None:
-        self.update(self._text())
+        self.update(self._text(), layout=False)
 
     @property
     def tall(self) -> bool:
@@ -77,7 +82,8 @@ class CellSummary(Static):
             else:
                 text.append(f"{fmt.short(metric)} {fmt.value(metric, v)}  ")
         text.append("\n")
-        failing = [p for p in self.pairs or [] if p.verdict in (Verdict.FAIL, Verdict.ERROR)]
+        bad = [p for p in self.pairs or [] if p.verdict in (Verdict.FAIL, Verdict.ERROR)]
+        failing = [p for p in bad if p.key.part == "output"] or bad
         if self.pairs is None:
             text.append("…", style="dim")
         elif self.tall:

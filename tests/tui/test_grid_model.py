@@ -37,8 +37,13 @@ def model_with(cells: list[CellUpdate]) -> GridModel:
 def test_apply_returns_changed_rows_and_grows() -> None:
     model = GridModel(capacity=2)
     model.set_blocks(BLOCKS)
-    rows = model.apply([cell(0, 0), cell(9, 4), cell(9, 1)])
-    assert rows.tolist() == [0, 9]
+    changed = model.apply([cell(0, 0), cell(9, 4), cell(9, 1)])
+    assert changed.rows.tolist() == [0, 9]
+    assert sorted(zip(changed.tokens.tolist(), changed.blocks.tolist(), strict=True)) == [
+        (0, 0),
+        (9, 1),
+        (9, 4),
+    ]
     assert model.n_tokens == 10
     assert model.state.shape[0] >= 10
     assert model.state[9, 4] == CellState.PASS

@@ -14,6 +14,7 @@ from textual.worker import get_current_worker
 
 from .. import keys
 from ..grid import LayerGrid
+from ..grid_model import Changed
 from ..messages import CellChosen, CellPairsLoaded, CursorMoved, ExportFinished, FollowChanged
 from ..state import Tick
 from ..status import Legend, StatusBar
@@ -53,15 +54,16 @@ class MainScreen(Screen[None]):
         self.show_cursor_cell()
 
     # --- live updates (called by the app's drain, on the UI thread) -------------------------
-    def apply_tick(self, tick: Tick, rows) -> None:
+    def apply_tick(self, tick: Tick, changed: Changed, marked_rows: list[int]) -> None:
         grid = self.grid
         if tick.blocks is not None:
             grid.columns_changed()
         else:
-            grid.data_changed(rows)
+            grid.data_changed(changed, rows=marked_rows)
         if tick.status_changed:
             self.refresh_status()
-        if grid.cursor_row in set(rows.tolist()) or tick.blocks is not None:
+        cursor = (changed.tokens == grid.cursor_row) & (changed.blocks == grid.cursor_block)
+        if cursor.any() or marked_rows or tick.blocks is not None:
             self.show_cursor_cell()
 
     def refresh_status(self) -> None:
