@@ -100,6 +100,8 @@ class Recorder:
         self.batch: list[Any] = []
         """Items not yet handed to the queue (one ``put`` per group, not per module call)."""
         self.batch_bytes = 0
+        self.local_bytes = min(LOCAL_BYTES, queue.bound // 4)
+        """Hand over at this many bytes, so one put stays well below the queue's bound."""
 
     def stop(self, _reason: object = None) -> None:
         self.stopped = True
@@ -238,7 +240,7 @@ class Recorder:
                     nbytes += it.nbytes
                 self.batch.extend(items)
                 self.batch_bytes = nbytes
-                if nbytes >= LOCAL_BYTES or len(self.batch) >= LOCAL_ITEMS:
+                if nbytes >= self.local_bytes or len(self.batch) >= LOCAL_ITEMS:
                     self.hand_over(urgent=False)
         except Exception as exc:
             self.fail(exc)

@@ -80,7 +80,7 @@ class LayerwatchWriter(WriterThread):
                 raise LayerwatchError(
                     f"{run_dir} already holds a dump of this process: give each model its own dump_path")
             (run_dir / fmt.DATA_DIR).mkdir(parents=True, exist_ok=True)
-            fmt.write_json_atomic(run_dir / fmt.MANIFEST, self.manifest(fmt.STATUS_RUNNING))
+            write_json_fast(run_dir / fmt.MANIFEST, self.manifest(fmt.STATUS_RUNNING))
             write_json_fast(run_dir / fmt.TOPOLOGY, topology)
             self.index_fd = os.open(run_dir / fmt.INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -150,9 +150,10 @@ class LayerwatchWriter(WriterThread):
                     "file": it.file, "begin": it.begin, "end": it.end}))
             elif kind is TopologyItem:
                 self.topology = with_order(self.topology, it.order)
-                write_json_fast(self.run_dir / fmt.TOPOLOGY, self.topology)
         self.tensors_written += len(fresh)
         self.append_index("".join(lines))
+        if any(type(it) is TopologyItem for it in items):  # after the lines: they matter more
+            write_json_fast(self.run_dir / fmt.TOPOLOGY, self.topology)
 
     def _write_data_file(self, payload: list[Any]) -> None:
         header: dict[str, Any] = {}
@@ -183,9 +184,11 @@ class LayerwatchWriter(WriterThread):
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            if isinstance(exc, OSError) and exc.filename is None:
+                exc.filename = str(path)
             raise
         for it in payload:
             it.file = rel
@@ -215,26 +218,33 @@ class LayerwatchWriter(WriterThread):
             self.append_index(fmt.encode_line({
                 "k": fmt.K_END, "status": status, "tokens": self.tokens_seen,
                 "tensors": self.tensors_written}))
-            fmt.write_json_atomic(self.run_dir / fmt.MANIFEST, self.manifest(status))
+            write_json_fast(self.run_dir / fmt.MANIFEST, self.manifest(status))
         os.close(self.index_fd)
 
     def record_failure(self, message: str) -> None:
         try:
             self.append_index(fmt.encode_line({"k": fmt.K_ERROR, "message": message}))
         finally:
-            fmt.write_json_atomic(self.run_dir / fmt.MANIFEST, self.manifest("error: " + message))
+            write_json_fast(self.run_dir / fmt.MANIFEST, self.manifest("error: " + message))
 
 
 def write_json_fast(path: Path, obj: Any) -> None:
-    """Atomic compact JSON (the C encoder; ``indent`` would switch to the slow Python one)."""
+    """Atomic compact JSON (the C encoder; ``indent`` would switch to the slow Python one).
+
+    The temp file is removed if the write fails, so a full disk leaves no ``.tmp-`` behind.
+    """
     try:
         text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
-    except ValueError:  # NaN/Inf (a parameter fingerprint of broken weights): strict strings
-        fmt.write_json_atomic(path, obj)
-        return
+    except ValueError:  # NaN/Inf (a fingerprint of broken weights): written as strings
+        text = fmt.encode_line(obj)
     tmp = path.with_name(fmt.TMP_PREFIX + path.name)
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _queue_position(items: list[Any]) -> Any:

@@ -16,9 +16,9 @@ import weakref
 
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
-from watchdog.observers.polling import PollingObserver
 
 from .base import _EVENTS, Watcher
+from .polling import IncrementalPollingObserver
 
 _LIVE: weakref.WeakSet[InotifyWatcher] = weakref.WeakSet()
 
@@ -61,7 +61,7 @@ class InotifyWatcher(Watcher):
             raise exc
         # Out of inotify watches/instances: poll instead of giving up.
         observer.stop()
-        self._observer = polling = PollingObserver(timeout=max(self.interval, 0.25))
+        self._observer = polling = IncrementalPollingObserver(timeout=max(self.interval, 0.25))
         polling.daemon = True
         polling.start()
         self.kind = "polling"
@@ -73,7 +73,7 @@ class InotifyWatcher(Watcher):
 
 
 class PollingWatcher(Watcher):
-    """watchdog's PollingObserver: for NFS/Lustre/GPFS, where inotify misses remote writes."""
+    """Polling (:mod:`.polling`): for NFS/Lustre/GPFS, where inotify misses remote writes."""
 
     kind = "polling"
 
@@ -82,4 +82,4 @@ class PollingWatcher(Watcher):
         super().__init__(*args, interval=interval, **kwargs)  # type: ignore[arg-type]
 
     def _new_observer(self) -> BaseObserver:
-        return PollingObserver(timeout=self.interval)
+        return IncrementalPollingObserver(timeout=self.interval)
