@@ -18,6 +18,7 @@ from pathlib import Path
 from layerwatch.capture.tokens import TokenSelection
 
 from . import findings
+from .align import align_positions
 from .cells import aggregate, same_cell
 from .findings import part_of
 from .jobs import CompareFn, JobRunner, Work
@@ -116,20 +117,21 @@ class CompareSession(SessionState):
             with self._lock:
                 self._refresh()
                 work_keys = sorted(self._todo, key=lambda k: (k.token, k.node, k.stem, k.rank))
-                work = []
+                work: list[Work] = []
+                sources: list[Work] = []
                 for gkey in work_keys:
                     pair = self._pairs[gkey]
-                    work.append(
-                        Work(
-                            self._records["golden"][gkey],
-                            self._records["target"][pair.tkey],
-                            pair.logits,
-                        )
+                    item = Work(
+                        self._records["golden"][gkey],
+                        self._records["target"][pair.tkey],
+                        pair.logits,
                     )
+                    sources.append(item)
+                    work.append(self._aligned(item))
                 self._todo.clear()
             results = self.runner.run(work, progress) if work else []
             with self._lock:
-                for item, result in zip(work, results, strict=True):
+                for item, result in zip(sources, results, strict=True):
                     self._store(item, result)
                 if not work:
                     self._refresh()
@@ -220,6 +222,19 @@ class CompareSession(SessionState):
         return explain(result, self.thresholds, inputs)
 
     # --- internals -------------------------------------------------------------------------
+    def _aligned(self, item: Work) -> Work:
+        """One run kept only the last position (HF ``generate``'s LM head): compare that one."""
+        if item.golden.shape == item.target.shape:
+            return item
+        cut = align_positions(item.golden, item.target)
+        if cut is None:
+            return item
+        self._note(
+            f"{item.golden.key.node}: one run kept only the last position "
+            f"({list(item.golden.shape)} vs {list(item.target.shape)}); compared the last position"
+        )
+        return Work(cut[0], cut[1], item.is_logits)
+
     def _store(self, item: Work, result: PairResult) -> None:
         pair = self._pairs.get(item.golden.key)
         if (

@@ -236,6 +236,10 @@ class SessionState:
         assert raw is not None
         golden = self._records["golden"][pair.gkey]
         target = self._records["target"][pair.tkey]
+        if raw.golden is not None and raw.golden.shape != golden.shape:
+            golden = raw.golden  # compared at the last position only (see align.py)
+        if raw.target is not None and raw.target.shape != target.shape:
+            target = raw.target
         verdict, reason = raw.verdict, raw.reason
         if self._diverge_at is not None and pair.gkey.token >= self._diverge_at:
             own = raw.verdict.value + (f": {raw.reason}" if raw.reason else "")
@@ -381,7 +385,7 @@ class SessionState:
 
     def _apply_leftovers(self) -> None:
         """Both runs finished: pair what names left over when the node pairs but the stems differ
-        (``output`` vs ``output_0``): same token and node, same count per input/output, equal shapes."""
+        (``output`` vs ``output_0``, ``input_hidden_states`` vs ``input_0``): see :func:`_leftover_pairs`."""
         for tkey in list(self._extra):
             self._retarget(tkey, self.pairer.golden_key(tkey))
         self._extra = {}
@@ -398,12 +402,8 @@ class SessionState:
         found: dict[TensorKey, TensorKey] = {}
         for group, gkeys in groups_g.items():
             tkeys = groups_t.get(group)
-            if not tkeys or len(tkeys) != len(gkeys):
-                continue
-            gkeys.sort(key=lambda k: stem_sort(k.stem))
-            tkeys.sort(key=lambda k: stem_sort(k.stem))
-            if all(golden[g].shape == target[t].shape for g, t in zip(gkeys, tkeys, strict=True)):
-                found.update(zip(tkeys, gkeys, strict=True))
+            if tkeys:
+                found.update(_leftover_pairs(gkeys, tkeys, golden, target))
         self._extra = found
         for tkey, gkey in found.items():
             self._retarget(tkey, gkey)
@@ -497,6 +497,33 @@ class SessionState:
                 self._diverge_reason.replace("; not blamed", ": later tensors are marked diverged")
             )
         self._reeffect_all()
+
+
+def _compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Equal shapes, or equal but for the positions axis where one side kept only the last."""
+    if a == b:
+        return True
+    return len(a) == len(b) >= 2 and a[:-2] == b[:-2] and a[-1] == b[-1] and 1 in (a[-2], b[-2])
+
+
+def _leftover_pairs(
+    gkeys: list[TensorKey],
+    tkeys: list[TensorKey],
+    golden: dict[TensorKey, TensorRecord],
+    target: dict[TensorKey, TensorRecord],
+) -> dict[TensorKey, TensorKey]:
+    """Unpaired inputs (or outputs) of one node at one token, golden vs target: zipped in stem
+    order when the counts agree and every zipped pair has compatible shapes; otherwise each
+    target tensor whose shape fits exactly one golden tensor (and that one fits only it) pairs."""
+    gkeys = sorted(gkeys, key=lambda k: stem_sort(k.stem))
+    tkeys = sorted(tkeys, key=lambda k: stem_sort(k.stem))
+    if len(gkeys) == len(tkeys) and all(
+        _compatible(golden[g].shape, target[t].shape) for g, t in zip(gkeys, tkeys, strict=True)
+    ):
+        return dict(zip(tkeys, gkeys, strict=True))
+    fits_t = {t: [g for g in gkeys if _compatible(golden[g].shape, target[t].shape)] for t in tkeys}
+    fits_g = {g: [t for t in tkeys if _compatible(golden[g].shape, target[t].shape)] for g in gkeys}
+    return {t: gs[0] for t, gs in fits_t.items() if len(gs) == 1 and len(fits_g[gs[0]]) == 1}
 
 
 def _ids(ids: tuple[int, ...]) -> str:

@@ -16,7 +16,8 @@ numbers (up to a dtype cast). Steps:
 4. Inside each matched pair, the nodes still unpaired (looking through unpaired containers)
    pair by position: weighted ones with identical fingerprints (the all-ones norms) in
    execution order when their counts agree; weightless ones (activations, rotary) by type and
-   count. Steps 3–4 repeat until nothing changes. What remains unpaired is listed in the notes.
+   count, or when a single weightless leaf is left on each side whatever its class. Steps 3–4
+   repeat until nothing changes. What remains unpaired is listed in the notes.
 """
 
 from __future__ import annotations
@@ -354,7 +355,18 @@ def _positional(
             for a, b in zip(g_names, t_names, strict=True):
                 pairs[a] = b
                 changed = True
+        # One weightless leaf left on each side (HF ``SiLUActivation`` vs ``nn.SiLU``): they pair.
+        g_left = [n for n in g_scope if n not in pairs and _weightless_leaf(g, n)]
+        paired_t = set(pairs.values())
+        t_left = [n for n in t_scope if n not in paired_t and _weightless_leaf(t, n)]
+        if len(g_left) == 1 and len(t_left) == 1:
+            pairs[g_left[0]] = t_left[0]
+            changed = True
     return changed
+
+
+def _weightless_leaf(side: _Side, name: str) -> bool:
+    return name not in side.prints and not side.topo.nodes[name].children
 
 
 def _kind(side: _Side, tag: str, name: str, group: dict[tuple[str, str], int]) -> object:

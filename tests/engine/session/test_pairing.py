@@ -307,7 +307,12 @@ def test_weights_from_dumped_parameters_without_fingerprints(
 def test_weightless_leftovers_are_named_in_the_notes(pair_runs: dict[str, ToyRun]) -> None:
     golden, meta = pair_runs["golden"], pair_runs["meta"]
     topo = renamed(meta, {}).topology
-    topo.nodes["root.layers.0.feed_forward.act"].type = "GELU"  # no longer the same type as SiLU
+    # a lone weightless leaf pairs whatever its class; two of another class beside one do not
+    topo.nodes["root.layers.1.feed_forward.act"].type = "GELU"
+    topo.nodes["root.layers.0.feed_forward.act"].type = "GELU"
+    topo.add("root.layers.0.feed_forward.dropout", "Dropout", "root.layers.0.feed_forward", 99)
     found = match_by_weights(golden.topology, topo)
+    assert found.pairs["root.layers.1.feed_forward.act"] == "root.model.layers.1.mlp.act_fn"
     assert "root.layers.0.feed_forward.act" not in found.pairs
     assert any("root.model.layers.0.mlp.act_fn" in n for n in found.notes)
+    assert any("root.layers.0.feed_forward.dropout" in n for n in found.notes)

@@ -428,3 +428,34 @@ def test_json_report_is_strict_with_non_finite_metrics(tmp_path: Path) -> None:
     assert report["rows"][0]["metrics"]["relative_euclidean_distance"] is None
     assert report["first_failure"]["metrics"]["relative_euclidean_distance"] is None
     assert report["summary"]["fail"] == 1
+
+
+def test_one_side_kept_only_the_last_position(tmp_path: Path) -> None:
+    """HF generate's LM head sees the last position only; the other run has all of them."""
+    from layerwatch.engine.readers.base import ReaderUpdate
+    from layerwatch.engine.records import TensorKey
+    from support.toy_model import write_tensor
+
+    full = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
+    key = TensorKey(0, "root.lm_head", "output")
+    golden = TensorRecord(
+        key, "float32", (2, 3, 5), write_tensor(tmp_path / "g.bin", full, "float32")
+    )
+    last = np.ascontiguousarray(full[:, -1:, :])
+    good = TensorRecord(
+        key, "float32", (2, 1, 5), write_tensor(tmp_path / "t.bin", last, "float32")
+    )
+    bad = TensorRecord(
+        key, "float32", (2, 1, 5), write_tensor(tmp_path / "b.bin", full[:, :1, :], "float32")
+    )
+    verdicts = []
+    for target in (good, bad):
+        session = CompareSession()
+        session.add_update("golden", ReaderUpdate([golden], complete=True))
+        session.add_update("target", ReaderUpdate([target], complete=True))
+        session.flush()
+        (result,) = session.results()
+        assert result.golden is not None and result.golden.shape == (2, 1, 5)
+        verdicts.append(result.verdict)
+        assert any("kept only the last position" in n for n in session.notes)
+    assert verdicts == [Verdict.PASS, Verdict.FAIL]  # the last position, not the first
