@@ -108,20 +108,24 @@ def ensure_dumps(work: Path, case: str, msit_python: Path) -> tuple[Path, Path]:
 
 
 # --- timing ---------------------------------------------------------------------------------
-def timed(
-    cmd: list[str], env: dict[str, str], repeat: int, stdout_path: Path | None = None
-) -> tuple[list[float], str]:
-    walls, out = [], ""
+def timed(cmd: list[str], env: dict[str, str], repeat: int) -> tuple[list[float], list[float], str]:
+    """Wall and CPU seconds (user + system of the process and its workers) of each run."""
+    import resource
+
+    walls, cpus, out = [], [], ""
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if proc.returncode not in (0, 1):
             raise SystemExit(
                 f"[bench] {' '.join(cmd[:4])} failed ({proc.returncode}): {proc.stderr[-2000:]}"
             )
         out = proc.stdout
-    return walls, out
+    return walls, cpus, out
 
 
 def load_floor(golden: Path, target: Path, repeat: int) -> tuple[float, int, int]:
@@ -153,8 +157,9 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     timed(ours, env, 1)  # warm-up: writes __pycache__ once
     row: dict[str, float] = {"MB": nbytes / 1e6, "tensors": tensors, "floor_s": floor_s}
     for jobs in args.jobs:
-        walls, out = timed([*ours, "--jobs", str(jobs)], env, args.repeat)
+        walls, cpus, out = timed([*ours, "--jobs", str(jobs)], env, args.repeat)
         row[f"ours_j{jobs}_s"] = statistics.median(walls)
+        row[f"ours_j{jobs}_cpu"] = statistics.median(cpus)
         row["pairs"] = json.loads(out)["summary"]["pairs"]
     with tempfile.TemporaryDirectory() as tmp:
         msit = [
@@ -170,8 +175,9 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
             "-o",
             tmp,
         ]
-        walls, _ = timed(msit, env, args.msit_repeat)
+        walls, cpus, _ = timed(msit, env, args.msit_repeat)
         row["msit_s"] = statistics.median(walls)
+        row["msit_cpu"] = statistics.median(cpus)
     return row
 
 
@@ -188,10 +194,11 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
         f"  msit llm compare -cl api: {row['msit_s']:.2f} s = {mb / row['msit_s']:.1f} MB/s, {pairs / row['msit_s']:.0f} pairs/s"
     )
     for j in jobs:
-        s = row[f"ours_j{j}_s"]
+        s, cpu = row[f"ours_j{j}_s"], row[f"ours_j{j}_cpu"]
         print(
-            f"  layerwatch compare --jobs {j}: {s:.2f} s = {mb / s:.0f} MB/s, {pairs / s:.0f} pairs/s  "
-            f"→ {row['msit_s'] / s:.1f}× msit, {row['floor_s'] / s:.0%} of the load floor"
+            f"  layerwatch compare --jobs {j}: {s:.2f} s wall ({cpu:.2f} s CPU) = {mb / s:.0f} MB/s, "
+            f"{pairs / s:.0f} pairs/s  → {row['msit_s'] / s:.1f}× msit by wall, "
+            f"{row['msit_cpu'] / cpu:.1f}× by CPU; {row['floor_s'] / s:.0%} of the load floor"
         )
 
 
