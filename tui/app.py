@@ -90,7 +90,7 @@ class LayerwatchApp(App[int]):
         if self.main_screen is not None and self.main_screen.is_mounted:
             self.main_screen.apply_tick(tick, changed, moved)
         for note in tick.notes[:MAX_NOTES_PER_TICK]:
-            self.notify(note, timeout=6)
+            self.notify(note, timeout=6, markup=False)
 
     @property
     def exit_code(self) -> int:

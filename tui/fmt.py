@@ -110,13 +110,13 @@ RUN_GLYPHS = {
 
 
 def run_words(run: RunStatus) -> str:
-    """ "golden ● running pid 4100 · 5 tokens · 812 tensors"."""
-    state = run.state
-    if state == "running" and run.pid:
-        state = f"running pid {run.pid}"
-    elif state in ("exited", "crashed") and run.exit_code is not None:
-        state = f"{state} {run.exit_code}" if state == "crashed" else f"exited {run.exit_code}"
-    words = f"{run.side} {RUN_GLYPHS.get(run.state, '·')} {state} · {run.tokens} tok · {run.tensors} tensors"
-    if run.message:
-        words += f" · {run.message}"
-    return words
+    """ "golden ● running pid 4100 · 5 tok · 812 tensors" (the pipeline's own words when it ended)."""
+    glyph = RUN_GLYPHS.get(run.state, "·")
+    if run.state in ("exited", "crashed"):
+        state = run.message or (
+            f"{run.state} {run.exit_code}" if run.exit_code is not None else run.state
+        )
+        return f"{run.side} {glyph} {state} · {run.tokens} tok · {run.tensors} tensors"
+    state = f"running pid {run.pid}" if run.state == "running" and run.pid else run.state
+    words = f"{run.side} {glyph} {state} · {run.tokens} tok · {run.tensors} tensors"
+    return f"{words} · {run.message}" if run.message else words

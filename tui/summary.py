@@ -5,10 +5,10 @@ from __future__ import annotations
 from layerwatch.engine.records import COSINE, PairResult, Verdict
 from layerwatch.engine.seam import CellState
 from rich.text import Text
-from textual.widgets import Static
 
 from . import fmt
 from .grid_model import CellInfo
+from .status import TextLines
 
 STATE_STYLE = {
     CellState.FAIL: "bold red",
@@ -31,7 +31,7 @@ def pair_words(pair: PairResult, block_node: str, metric: str = COSINE) -> str:
     return f"{name} · {pair.reason or pair.verdict.value}"
 
 
-class CellSummary(Static):
+class CellSummary(TextLines):
     """Shows a :class:`CellInfo` and, once a worker fetched them, the cell's failing pairs."""
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -46,18 +46,19 @@ class CellSummary(Static):
         text = self._text()
         if text.plain != self._shown or text.spans != self._spans:
             self._shown, self._spans = text.plain, text.spans
-            self.update(text, layout=False)
+            self.set_text(text)
 
     def on_resize(self) -> None:
-        self.update(self._text(), layout=False)
+        self.set_text(self._text())
 
     @property
     def tall(self) -> bool:
-        return self.size.height > 4
+        """A side panel (wide terminal, the screen's ``-wide`` breakpoint) or three lines."""
+        return self.is_mounted and self.screen.has_class("-wide")
 
     def _text(self) -> Text:
         info = self.info
-        text = Text(no_wrap=not self.tall, overflow="ellipsis")
+        text = Text(no_wrap=True, overflow="ellipsis")
         if info is None:
             text.append("no cell yet: results appear as both runs write their tensors", style="dim")
             return text
@@ -74,7 +75,9 @@ class CellSummary(Static):
                 else f" · {info.pairs} pair{'s' if info.pairs > 1 else ''}"
             )
         if info.first_bad:
-            text.append(" · ! first failure", style="bold red")
+            text.append(
+                "\n! the first failure" if self.tall else " · ! first failure", style="bold red"
+            )
         text.append("\n\n" if self.tall else "\n")
         for metric, v in info.values.items():
             if self.tall:

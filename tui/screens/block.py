@@ -56,9 +56,13 @@ def metric_columns(pairs: list[PairResult]) -> list[str]:
     return [m for m in METRIC_ORDER if m in present] + sorted(present - set(METRIC_ORDER))
 
 
-def starts_here(pair: PairResult, inputs: list[PairResult]) -> bool:
-    """The output fails while every input passes: the error enters at this operator."""
-    return pair.verdict in BAD and pair.key.part == "output" and bool(inputs) and all(inputs)
+def starts_here(pair: PairResult, inputs: list[PairResult], rows: list[PairResult]) -> bool:
+    """The output fails while every input passes and nothing inside the node fails: the error
+    enters at this operator (a container holding the culprit fails with good inputs too)."""
+    if pair.verdict not in BAD or pair.key.part != "output" or not inputs or not all(inputs):
+        return False
+    inner = pair.key.node + "."
+    return not any(r.verdict in BAD and r.key.node.startswith(inner) for r in rows)
 
 
 class BlockScreen(Screen[None]):
@@ -158,7 +162,7 @@ class BlockScreen(Screen[None]):
             pair.key.stem,
         )
         glyph, style = MARKS.get(pair.verdict, ("?", ""))
-        if is_root or starts_here(pair, inputs):
+        if is_root or starts_here(pair, inputs, self.rows):
             glyph, style = "◆", "bold red"
         node = fmt.relative_node(pair.key.node, self.block_info)
         if pair.key.node == self.block_info.node:
@@ -175,7 +179,7 @@ class BlockScreen(Screen[None]):
         cells: list[Text | str] = [
             Text(glyph, style=style),
             str(pair.order),
-            node if pair.key.stem == "output" else f"{node} [{pair.key.stem}]",
+            Text(node if pair.key.stem == "output" else f"{node} [{pair.key.stem}]"),
             Text(pair.verdict.value + (" (root cause)" if is_root else ""), style=style),
             inputs_text,
         ]
@@ -191,7 +195,7 @@ class BlockScreen(Screen[None]):
 
     def _initial_row(self) -> int:
         for i, pair in enumerate(self.rows):
-            if starts_here(pair, self.inputs.get(i, [])):
+            if starts_here(pair, self.inputs.get(i, []), self.rows):
                 return i
         return next((i for i, p in enumerate(self.rows) if p.verdict in BAD), 0)
 

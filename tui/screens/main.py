@@ -179,7 +179,9 @@ class MainScreen(Screen[None]):
             box.remove_class("-shown")
         self.grid.focus()
         if not len(self.app.model.visible):
-            self.notify(f"No block matches {event.value!r}.", severity="warning", timeout=4)
+            self.notify(
+                f"No block matches {event.value!r}.", severity="warning", timeout=4, markup=False
+            )
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -210,6 +212,8 @@ class MainScreen(Screen[None]):
     @on(ExportFinished)
     def _exported(self, message: ExportFinished) -> None:
         if message.error:
-            self.notify(f"Export failed: {message.error}", severity="error", timeout=8)
+            self.notify(
+                f"Export failed: {message.error}", severity="error", timeout=8, markup=False
+            )
         else:
-            self.notify(f"Report written to {message.path}", timeout=5)
+            self.notify(f"Report written to {message.path}", timeout=5, markup=False)

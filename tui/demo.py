@@ -1,0 +1,87 @@
+"""``layerwatch demo``: the demo model run twice through live capture, compared as it runs.
+
+Golden = fp32 without fault, target = ``--dtype`` with ``--fault``; both are launched as
+``python -m layerwatch.capture.demo`` through the same launcher as ``layerwatch dump`` (zero
+code change, output to log files so nothing garbles the screen), into a temporary directory
+that is removed afterwards unless ``--out`` names one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from layerwatch.capture.errors import LayerwatchError
+
+
+def list_faults() -> str:
+    from layerwatch.capture.demo.faults import DEFAULT_FAULT, FAULTS
+
+    lines = []
+    for name, fault in FAULTS.items():
+        default = " (default)" if name == DEFAULT_FAULT else ""
+        lines.append(f"{name}{default}: {fault.description}")
+        lines.append(f"    breaks {fault.node} from token {fault.start_token}")
+    return "\n".join(lines)
+
+
+def demo_commands(fault: str, dtype: str, new_tokens: int | None) -> tuple[list[str], list[str]]:
+    """The golden and target argument vectors (plain ``python -m``: the launcher adds capture)."""
+    base = [sys.executable, "-m", "layerwatch.capture.demo"]
+    if new_tokens is not None:
+        base += ["--new-tokens", str(new_tokens)]
+    return [*base, "--dtype", "fp32", "--fault", "none"], [
+        *base,
+        "--dtype",
+        dtype,
+        "--fault",
+        fault,
+    ]
+
+
+def build_pipeline(args: argparse.Namespace, out: Path):  # -> LivePipeline
+    from layerwatch.capture.demo.faults import DEFAULT_FAULT, FAULTS
+    from layerwatch.capture.launch import CaptureOptions, LaunchSpec
+    from layerwatch.engine.live import LivePipeline, SideSpec
+    from layerwatch.engine.session import CompareSession
+
+    fault = args.fault or DEFAULT_FAULT
+    if fault not in FAULTS and fault != "none":
+        raise LayerwatchError(
+            f"unknown fault {fault!r}: choose one of {', '.join(FAULTS)} (or none)"
+        )
+    if args.new_tokens is not None and args.new_tokens < 1:
+        raise LayerwatchError(f"--new-tokens must be at least 1, got {args.new_tokens}")
+    golden_cmd, target_cmd = demo_commands(fault, args.dtype, args.new_tokens)
+    sides = {}
+    for name, cmd in (("golden", golden_cmd), ("target", target_cmd)):
+        where = out / name
+        if where.exists() and any(where.iterdir()):
+            raise LayerwatchError(f"{where} is not empty (an earlier demo?): pick another --out")
+        sides[name] = SideSpec(
+            where, LaunchSpec(cmd, where, CaptureOptions(), log=out / f"{name}.log")
+        )
+    return LivePipeline(sides["golden"], sides["target"], session=CompareSession()), fault
+
+
+def demo_main(args: argparse.Namespace) -> int:
+    if args.list_faults:
+        print(list_faults())
+        return 0
+    from layerwatch.tui.frontends import headless, present
+
+    out = (
+        Path(args.out).absolute() if args.out else Path(tempfile.mkdtemp(prefix="layerwatch-demo-"))
+    )
+    try:
+        pipeline, fault = build_pipeline(args, out)
+        title = f"layerwatch demo · {fault} · target {args.dtype}"
+        if args.headless:
+            return headless(pipeline, args)
+        return present(pipeline, args, title)
+    finally:
+        if not args.out:
+            shutil.rmtree(out, ignore_errors=True)
