@@ -1,10 +1,10 @@
 """Running pair comparisons: inline, or in a process pool when there is enough work.
 
 A pool round trip costs ~0.1-0.3 ms and a forked worker a few ms, so the pool is used only with
-``jobs > 1`` and at least two big pairs (``big_bytes`` of golden + target payload) or a few
-hundred small ones; big pairs travel one per task (largest first), small ones in batches, so
-the per-task cost is paid once per batch. A live session's flushes are usually small and stay
-inline, where the per-pair cost is the metric itself.
+``jobs > 1`` and at least two big pairs (``big_bytes`` of golden + target payload: one per task,
+largest first, while the small pairs run inline) or, with no big pairs, a few hundred small ones
+(in batches, so the per-task cost is paid once per batch). A live session's flushes are usually
+small and stay inline, where the per-pair cost is the metric itself.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from layerwatch.capture.errors import LayerwatchError
 from .records import PairResult, TensorRecord, Verdict
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
+    from concurrent.futures import Executor, Future
 
 SMALL_BATCH = 64
 """Small pairs per pool task."""
@@ -85,54 +85,62 @@ class JobRunner:
         self.big_bytes = big_bytes
         self._pool: Executor | None = None
 
-    def tasks(self, work: Sequence[Work]) -> list[list[int]] | None:
-        """How ``work`` is cut into pool tasks, or ``None`` to compare it inline."""
+    def plan(self, work: Sequence[Work]) -> tuple[list[list[int]], list[int]]:
+        """(pool tasks, indices compared inline). Big pairs go to the pool one per task, largest
+        first, and the small ones run inline meanwhile; with no big pairs but many small ones,
+        the small ones go to the pool in batches; otherwise everything runs inline."""
+        everything = list(range(len(work)))
         if self.jobs <= 1:
-            return None
+            return [], everything
         big = sorted(
             (i for i, w in enumerate(work) if w.nbytes >= self.big_bytes),
             key=lambda i: -work[i].nbytes,
         )
         small = [i for i, w in enumerate(work) if w.nbytes < self.big_bytes]
-        if len(big) < 2 and len(small) < MIN_SMALL_FOR_POOL:
-            return None
-        size = max(1, min(SMALL_BATCH, -(-len(small) // (4 * self.jobs))))
-        return [[i] for i in big] + [small[k : k + size] for k in range(0, len(small), size)]
+        if len(big) >= 2:
+            return [[i] for i in big], small
+        if len(small) >= MIN_SMALL_FOR_POOL:
+            size = max(1, min(SMALL_BATCH, -(-len(small) // (4 * self.jobs))))
+            return [[i] for i in big] + [
+                small[k : k + size] for k in range(0, len(small), size)
+            ], []
+        return [], everything
 
     def run(
         self, work: Sequence[Work], progress: Callable[[int, int], None] | None = None
     ) -> list[PairResult]:
         """Results in the order of ``work``."""
         total = len(work)
-        tasks = self.tasks(work)
-        if tasks is None:
-            out = []
-            for done, item in enumerate(work, 1):
-                out.append(run_one(self.compare, self.thresholds, item))
-                if progress is not None and (done % 64 == 0 or done == total):
-                    progress(done, total)
-            return out
-        from concurrent.futures import as_completed
-
+        tasks, inline = self.plan(work)
         results: list[PairResult | None] = [None] * total
-        pool = self.pool()
-        futures = {
-            pool.submit(run_many, self.compare, self.thresholds, [work[i] for i in task]): task
-            for task in tasks
-        }
+        futures: dict[Future[list[PairResult]], list[int]] = {}
+        if tasks:
+            pool = self.pool()
+            for task in tasks:
+                futures[
+                    pool.submit(run_many, self.compare, self.thresholds, [work[i] for i in task])
+                ] = task
         done = 0
-        for future in as_completed(futures):
-            task = futures[future]
-            try:
-                for i, result in zip(task, future.result(), strict=True):
-                    results[i] = result
-            except Exception as exc:  # a worker died (out of memory...): report it on the pairs
-                message = f"compare worker failed: {type(exc).__name__}: {exc}".splitlines()[0]
-                for i in task:
-                    results[i] = _error(work[i], message)
-            done += len(task)
-            if progress is not None:
+        for i in inline:
+            results[i] = run_one(self.compare, self.thresholds, work[i])
+            done += 1
+            if progress is not None and (done % 64 == 0 or done == total):
                 progress(done, total)
+        if futures:
+            from concurrent.futures import as_completed
+
+            for future in as_completed(futures):
+                task = futures[future]
+                try:
+                    for i, result in zip(task, future.result(), strict=True):
+                        results[i] = result
+                except Exception as exc:  # a worker died (out of memory...): report it on the pairs
+                    message = f"compare worker failed: {type(exc).__name__}: {exc}".splitlines()[0]
+                    for i in task:
+                        results[i] = _error(work[i], message)
+                done += len(task)
+                if progress is not None:
+                    progress(done, total)
         return [r for r in results if r is not None]
 
     def pool(self) -> Executor:

@@ -312,7 +312,8 @@ def test_topology_arriving_late_reassigns_blocks(toy_runs: dict[str, ToyRun]) ->
     assert session.first_failure is not None and session.first_failure.block_label == "L1"
 
 
-@pytest.mark.parametrize("big_bytes", [0, 1 << 21])  # every pair its own task / small ones batched
+# every pair its own task / prefill pairs to the pool, decode pairs inline / small ones batched
+@pytest.mark.parametrize("big_bytes", [0, 600, 1 << 21])
 def test_process_pool_gives_the_same_results(toy_runs: dict[str, ToyRun], big_bytes: int) -> None:
     inline = compare(toy_runs["golden"], toy_runs["faulty"])
     pooled = compare(toy_runs["golden"], toy_runs["faulty"], jobs=2, big_bytes=big_bytes)
