@@ -87,6 +87,26 @@ class TopologyItem:
         self.nbytes = 0
 
 
+class StreamEvent:
+    """A CUDA event recorded on the model thread's current stream after a group of clones.
+
+    The writer waits for it before touching those clones: the model may run on a side stream,
+    and the writer thread's own (default) stream is not ordered after it.
+    """
+
+    __slots__ = ("event", "nbytes")
+
+    def __init__(self) -> None:
+        import torch
+
+        self.event = torch.cuda.Event()
+        self.event.record()
+        self.nbytes = 0
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+
 class Marker:
     """Control: ``token_end`` (write what is pending now), ``flush`` (and signal), ``stop``."""
 

@@ -101,8 +101,9 @@ def register_hook(model: torch.nn.Module, config: DumpConfig | None = None, *,
     """Capture ``model`` as ``config`` says; returns the handle that stops it.
 
     ``already_in_call``: the caller is inside a forward pre-hook of ``model`` (e.g. a global
-    one), so this call of ``model`` is token 0. Pass the call's ``args``/``kwargs`` when known
-    (its input ids and the root's inputs are then taken now); otherwise they are read from the
+    one), so this call of ``model`` is token 0. Pass the call's ``call_args`` *and*
+    ``call_kwargs`` when both are known (its input ids and the root's inputs are then taken
+    now); otherwise (a global pre-hook never sees keyword arguments) they are read from the
     root's forward hook at the end of that call.
     """
     if not isinstance(model, torch.nn.Module):
@@ -118,6 +119,10 @@ def register_hook(model: torch.nn.Module, config: DumpConfig | None = None, *,
     writer = _make_writer(model, config, device)
     recorder = Recorder(config, writer.queue, lambda exc: writer.fail(exc, "a capture hook"))
     writer.on_failure.append(recorder.stop)
+    if device.type == "cuda":
+        from .handoff import StreamEvent
+
+        recorder.stream_event = StreamEvent
     hooks = [model.register_forward_pre_hook(recorder.root_pre, with_kwargs=True, prepend=True)]
     root_type = type(model).__name__
     root_inputs = False

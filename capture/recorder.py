@@ -102,6 +102,8 @@ class Recorder:
         self.batch_bytes = 0
         self.local_bytes = min(LOCAL_BYTES, queue.bound // 4)
         """Hand over at this many bytes, so one put stays well below the queue's bound."""
+        self.stream_event: Any = None
+        """For CUDA models: makes a ``StreamEvent`` recorded on the model thread's stream."""
 
     def stop(self, _reason: object = None) -> None:
         self.stopped = True
@@ -181,6 +183,8 @@ class Recorder:
         """Put the pending group into the writer queue (may wait: back-pressure)."""
         batch, nbytes = self.batch, self.batch_bytes
         self.batch, self.batch_bytes = [], 0
+        if self.stream_event is not None and batch:
+            batch.append(self.stream_event())  # device copies are complete once this fires
         if batch or urgent:
             self.queue.put(batch, nbytes, urgent=urgent)
 
@@ -188,11 +192,13 @@ class Recorder:
                       args: tuple[Any, ...] | None, kwargs: dict[str, Any] | None) -> None:
         """Attached from inside the root's first forward call: start token 0 by hand."""
         self.depth = 1
-        self.begin_token(args, kwargs)
-        if args is None:
+        if args is None or kwargs is None:  # e.g. a global pre-hook: it never sees kwargs
+            self.begin_token(None, None)
             self.late_root = (type_, want_inputs)
-        elif want_inputs:
-            self.pre("root", type_, module, args, kwargs or {})
+        else:
+            self.begin_token(args, kwargs)
+            if want_inputs:
+                self.pre("root", type_, module, args, kwargs)
 
     # --- every module ---------------------------------------------------------------------
     def pre(self, name: str, type_: str, module: torch.nn.Module, args: tuple[Any, ...],

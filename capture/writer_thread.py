@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import DumpConfig
-from .handoff import ByteQueue, Marker
+from .handoff import ByteQueue, Marker, StreamEvent
 
 
 class WriterThread:
@@ -75,8 +75,11 @@ class WriterThread:
         interval = self.config.flush_interval
         while True:
             items = self.queue.take(interval)
-            work = [it for it in items if type(it) is not Marker]
+            work = [it for it in items if type(it) is not Marker and type(it) is not StreamEvent]
             markers = [it for it in items if type(it) is Marker]
+            for it in items:
+                if type(it) is StreamEvent:
+                    it.wait()
             if work and self.failed is None:
                 try:
                     self.write_items(work)

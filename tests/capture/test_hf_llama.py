@@ -115,3 +115,30 @@ def test_bf16_model_payloads_are_stored_as_bf16(llama, tmp_path):
     with safe_open(str(handle.run_dir / line["file"]), "pt") as fh:
         assert fh.get_slice("0/root.lm_head/output").get_dtype() == "BF16"
     assert torch.equal(lwdump.load(handle.run_dir, line), out.logits)
+
+
+def test_attach_from_a_global_pre_hook_like_the_bootstrap(llama, dumped, tmp_path):
+    """The zero-code-change bootstrap: a global pre-hook sees the root's first call (no kwargs)."""
+    run, prompt, generated = dumped
+    handles = []
+
+    def global_pre(module, args):
+        if not handles and module is llama:
+            handles.append(register_hook(module, DumpConfig(dump_path=tmp_path), already_in_call=True))
+
+    token = torch.nn.modules.module.register_module_forward_pre_hook(global_pre)
+    try:
+        again = _generate(llama, prompt)
+    finally:
+        token.remove()
+    handles[0].close()
+    assert torch.equal(again, generated)
+    live = lwdump.index(handles[0].run_dir)
+    ids = {ln["token"]: ln["input_ids"] for ln in live if ln["k"] == "token"}
+    assert ids[0] == prompt[0].tolist() and sorted(ids) == list(range(NEW_TOKENS))
+    normal = lwdump.tensors(run)
+    attached = lwdump.tensors(handles[0].run_dir)
+    assert set(attached) == set(normal)
+    for key in ((0, "root.model.layers.1.mlp.down_proj", "output"), (0, "root", "input_input_ids"),
+                (NEW_TOKENS - 1, "root", "output_logits")):
+        assert torch.equal(lwdump.load(handles[0].run_dir, attached[key]), lwdump.load(run, normal[key]))
