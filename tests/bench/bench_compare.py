@@ -191,7 +191,8 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
         f"  load floor (read every payload once, in-process): {row['floor_s']:.3f} s = {mb / row['floor_s']:.0f} MB/s"
     )
     print(
-        f"  msit llm compare -cl api: {row['msit_s']:.2f} s = {mb / row['msit_s']:.1f} MB/s, {pairs / row['msit_s']:.0f} pairs/s"
+        f"  msit llm compare -cl api: {row['msit_s']:.2f} s wall ({row['msit_cpu']:.2f} s CPU) = "
+        f"{mb / row['msit_s']:.1f} MB/s, {pairs / row['msit_s']:.0f} pairs/s"
     )
     for j in jobs:
         s, cpu = row[f"ours_j{j}_s"], row[f"ours_j{j}_cpu"]
@@ -222,8 +223,10 @@ def main() -> None:
         case, side, out = args.make
         make_dump(case, side, Path(out))
         return
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"[bench] cores: {os.cpu_count()}, OMP_NUM_THREADS=1, medians of {args.repeat} (msit: {args.msit_repeat})"
+        f"[bench] cores: {os.cpu_count()}, load average {load:.1f}, OMP_NUM_THREADS=1, "
+        f"medians of {args.repeat} (msit: {args.msit_repeat})"
     )
     for case in args.cases:
         report(case, bench_case(case, args), args.jobs)
