@@ -62,12 +62,15 @@ class IncrementalPollingEmitter(EventEmitter):
         self._dirs: dict[str, _Dir] = {}
         self._lock = threading.Lock()
         self._next_full = 0.0
+        self._took = 0.0
 
     def on_thread_start(self) -> None:
         self._poll(quiet=True)  # the baseline: what exists now is not reported (as watchdog)
 
     def queue_events(self, timeout: float) -> None:
-        if self.stopped_event.wait(timeout):
+        # A fixed period: the time the last poll took comes off the wait (watchdog's emitter
+        # waits the whole interval after each poll, so its period grows with the tree).
+        if self.stopped_event.wait(max(0.0, timeout - self._took)):
             return
         with self._lock:
             if not self.should_keep_running():
@@ -116,8 +119,9 @@ class IncrementalPollingEmitter(EventEmitter):
             del self._dirs[path]
         if not quiet:
             self._emit(created, deleted, events)
+        self._took = time.monotonic() - started
         if full:
-            self._next_full = time.monotonic() + max(FULL_S, 20 * (time.monotonic() - started))
+            self._next_full = time.monotonic() + max(FULL_S, 20 * self._took)
 
     def _list(self, path: str, mtime: int, old: _Dir | None, full: bool) -> _Dir | None:
         new = _Dir(mtime)

@@ -203,3 +203,35 @@ def test_bootstrap_dir_holds_only_the_bootstrap() -> None:
         "sitecustomize.py"
     ]
     assert os.path.basename(BOOTSTRAP_DIR) == "bootstrap"
+
+
+HF_GENERATE = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+model = LlamaForCausalLM(cfg).eval()
+out = model.generate(torch.tensor([[1, 5, 7, 9]]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+print(*out[0].tolist())
+"""
+
+
+@pytest.mark.slow
+def test_hf_generate_root_is_the_causal_lm(tmp_path: Path) -> None:
+    """HF ``generate`` calls the model with keyword arguments: the root found by itself is
+    ``LlamaForCausalLM``, each decode step is a token and its input ids are recorded."""
+    import json
+
+    script = tmp_path / "gen.py"
+    script.write_text(HF_GENERATE)
+    out = tmp_path / "d"
+    done = layerwatch("dump", "--out", str(out), "--", sys.executable, str(script), timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ids = [int(x) for x in (out / "layerwatch.log").read_text().split()]
+    tokens = [r for r in index_records(out) if r["k"] == "token"]
+    assert [t["input_ids"] for t in tokens] == [ids[:4], *[[i] for i in ids[4:-1]]]
+    manifest = json.loads(next(out.glob("*/manifest.json")).read_text())
+    assert manifest["model"] == "LlamaForCausalLM"
+    nodes = {r["node"] for r in index_records(out) if r["k"] == "t"}
+    assert "root.model.layers.1.mlp.down_proj" in nodes and "root.lm_head" in nodes

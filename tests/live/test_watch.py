@@ -188,3 +188,21 @@ def test_auto_rule_reads_mount_table(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("LAYERWATCH_POLL")
     assert should_poll(tmp_path, True) == (True, "polling (--poll)")
     assert open_watcher(tmp_path, "golden", queue.SimpleQueue(), poll=True).kind == "polling"
+
+
+@pytest.mark.parametrize("poll", MODES)
+def test_json_rewritten_in_place_arrives_again(tmp_path: Path, watch, poll: bool) -> None:
+    """msprobe rewrites dump.json in place (same inode) as it grows: each complete version
+    arrives; the half-written moment in between does not."""
+    _, sink = watch(tmp_path, poll)
+    path = tmp_path / "dump.json"
+    path.write_text('{"data": {"a": 1}}')
+    sink.until(lambda got: [a.path.name for a in got].count("dump.json") == 1)
+    with open(path, "w") as fh:  # truncate, write half, pause, finish: same inode
+        fh.write('{"data": {"a": 1, "b": ')
+        fh.flush()
+        time.sleep(0.6)
+        fh.write("2}}")
+    sink.until(lambda got: [a.path.name for a in got].count("dump.json") == 2)
+    sink.settle(0.5)
+    assert sink.files().count("dump.json") == 2

@@ -38,8 +38,12 @@ def _race(tmp_path: Path, *, poll: bool, count: int) -> None:
             text=True,
         )
         want = count - STUCK
-        deadline = time.monotonic() + 150
+        started = time.monotonic()
+        deadline = started + 150
+        all_in = None  # when the last complete file arrived through the events
         while time.monotonic() < deadline:
+            if all_in is None and len(seen) >= want:
+                all_in = time.monotonic() - started
             if writer.poll() is not None and len(seen) >= want and watcher.idle_for() > 1.5:
                 break
             try:
@@ -52,6 +56,7 @@ def _race(tmp_path: Path, *, poll: bool, count: int) -> None:
                 # Checked the moment it arrives: a file handed over early would be short here.
                 if arrival.path.read_bytes() != race_writer.expected(arrival.path):
                     partial.append(arrival.path.name)
+        assert all_in is not None and all_in < 60, all_in  # live, not left to the final scan
         assert writer.wait(timeout=5) == 0
         assert writer.stdout is not None and "DONE" in writer.stdout.read()
         incomplete = watcher.final_scan()
