@@ -62,6 +62,33 @@ def run_many(compare: CompareFn, thresholds: object, works: list[Work]) -> list[
     return [run_one(compare, thresholds, w) for w in works]
 
 
+def rejudge(work: Work, base: PairResult, thresholds: object) -> PairResult:
+    """The result for ``work`` from the metrics of a pair over the very same payloads: only the
+    verdict is recomputed, since thresholds may differ per node (overrides) and per stem."""
+    verdict, failed, reason = base.verdict, base.failed, base.reason
+    judge = getattr(thresholds, "judge", None)
+    if base.verdict is not Verdict.ERROR and judge is not None:
+        verdict, failed, reason = judge(
+            base.metrics,
+            node=work.golden.key.node,
+            golden_dtype=work.golden.dtype,
+            target_dtype=work.target.dtype,
+            is_logits=work.is_logits,
+            stem=work.golden.key.stem,
+        )
+    return PairResult(
+        work.golden.key,
+        verdict,
+        base.metrics,
+        tuple(failed),
+        reason,
+        work.golden,
+        work.target,
+        node_type=work.golden.node_type or work.target.node_type,
+        is_logits=work.is_logits,
+    )
+
+
 def _error(work: Work, message: str) -> PairResult:
     return PairResult(
         work.golden.key,

@@ -21,7 +21,7 @@ from . import findings
 from .align import align_positions
 from .cells import aggregate, same_cell
 from .findings import part_of
-from .jobs import CompareFn, JobRunner, Work
+from .jobs import CompareFn, JobRunner, Work, rejudge
 from .pairing import MappingSpec, Pairer, load_mapping
 from .records import PairResult, TensorKey, TensorRecord, Topology, Verdict
 from .seam import BlockInfo, CellUpdate, Finding, PairDetail, ResultBatch, Sink, Summary
@@ -72,6 +72,8 @@ class CompareSession(SessionState):
         self.pairer = Pairer(mapping, auto_map)
         self.runner = JobRunner(compare, thresholds, jobs, big_bytes)
         self._flush_lock = threading.Lock()
+        self._reuse: dict[tuple[object, ...], PairResult] = {}
+        """Raw result per (golden payload, target payload, logits): identical bytes compare once."""
 
     # --- input -----------------------------------------------------------------------------
     def add_update(self, side: str, update: object) -> None:
@@ -117,23 +119,43 @@ class CompareSession(SessionState):
             with self._lock:
                 self._refresh()
                 work_keys = sorted(self._todo, key=lambda k: (k.token, k.node, k.stem, k.rank))
-                work: list[Work] = []
-                sources: list[Work] = []
+                work: list[Work] = []  # what really gets compared (aligned, one per payload pair)
+                sources: list[Work] = []  # the session's records behind each item of ``work``
+                copies: list[tuple[Work, Work, tuple[object, ...]]] = []
+                batch_keys: set[tuple[object, ...]] = set()
                 for gkey in work_keys:
                     pair = self._pairs[gkey]
-                    item = Work(
+                    source = Work(
                         self._records["golden"][gkey],
                         self._records["target"][pair.tkey],
                         pair.logits,
                     )
-                    sources.append(item)
-                    work.append(self._aligned(item))
+                    item = self._aligned(source)
+                    same = _payload_key(item)
+                    if same is not None and (same in self._reuse or same in batch_keys):
+                        copies.append(
+                            (source, item, same)
+                        )  # the same bytes were (or are being) compared
+                        continue
+                    if same is not None:
+                        batch_keys.add(same)
+                    sources.append(source)
+                    work.append(item)
                 self._todo.clear()
-            results = self.runner.run(work, progress) if work else []
+            report = None
+            if progress is not None:
+                extra = len(copies)
+                report = lambda done, total: progress(done + extra * (done == total), total + extra)  # noqa: E731
+            results = self.runner.run(work, report) if work else []
             with self._lock:
-                for item, result in zip(sources, results, strict=True):
-                    self._store(item, result)
-                if not work:
+                for source, item, result in zip(sources, work, results, strict=True):
+                    same = _payload_key(item)
+                    if same is not None:
+                        self._reuse[same] = result
+                    self._store(source, result)
+                for source, item, same in copies:
+                    self._store(source, rejudge(item, self._reuse[same], self.thresholds))
+                if not work and not copies:
                     self._refresh()
                 batch = self._batch()
         if self.sink is not None and _worth_sending(batch):
@@ -456,6 +478,13 @@ class CompareSession(SessionState):
             error=counts[Verdict.ERROR],
             pending=pending,
         )
+
+
+def _payload_key(item: Work) -> tuple[object, ...] | None:
+    """Pairs reading the very same bytes on both sides (the layerwatch writer stores a tensor
+    once when the next module's input is the previous one's output) share their metrics."""
+    g, t = item.golden.loc, item.target.loc
+    return None if g is None or t is None else (g, t, item.is_logits)
 
 
 def _worth_sending(batch: ResultBatch) -> bool:

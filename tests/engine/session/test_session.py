@@ -460,3 +460,51 @@ def test_one_side_kept_only_the_last_position(tmp_path: Path) -> None:
         verdicts.append(result.verdict)
         assert any("kept only the last position" in n for n in session.notes)
     assert verdicts == [Verdict.PASS, Verdict.FAIL]  # the last position, not the first
+
+
+def test_shared_payloads_compare_once_but_judge_per_node(tmp_path: Path) -> None:
+    """Two nodes reading the very same bytes (the layerwatch writer stores a tensor once when the
+    next module's input is the previous one's output) share metrics; a per-node override still
+    judges each on its own."""
+    from layerwatch.engine.compare import compare_pair
+    from layerwatch.engine.readers.base import ReaderUpdate
+    from layerwatch.engine.records import TensorKey
+    from support.toy_model import write_tensor
+
+    rng = np.random.default_rng(1)
+    g = rng.standard_normal((4, 16)).astype(np.float32)
+    t = g + 1e-3 * rng.standard_normal((4, 16)).astype(np.float32)
+    gloc = write_tensor(tmp_path / "g.bin", g, "float32")
+    tloc = write_tensor(tmp_path / "t.bin", t, "float32")
+    (tmp_path / "strict.toml").write_text(
+        '[[override]]\nnode = "root.strict*"\ncosine_similarity = 0.9999999999\n'
+    )
+    calls: list[str] = []
+
+    def counting(
+        golden: TensorRecord, target: TensorRecord, thresholds: object, *, is_logits: bool = False
+    ) -> object:
+        calls.append(golden.key.node)
+        return compare_pair(golden, target, thresholds, is_logits=is_logits)  # type: ignore[arg-type]
+
+    records = [
+        TensorRecord(TensorKey(0, node, "output"), "float32", (4, 16), gloc)
+        for node in ("root.loose", "root.strict")
+    ]
+    session = CompareSession(thresholds=str(tmp_path / "strict.toml"), compare=counting)
+    session.add_update(
+        "golden",
+        ReaderUpdate([TensorRecord(r.key, r.dtype, r.shape, gloc) for r in records], complete=True),
+    )
+    session.add_update(
+        "target",
+        ReaderUpdate([TensorRecord(r.key, r.dtype, r.shape, tloc) for r in records], complete=True),
+    )
+    session.flush()
+    by_node = {r.key.node: r for r in session.results()}
+    assert len(calls) == 1
+    assert (
+        by_node["root.loose"].verdict is Verdict.PASS
+        and by_node["root.strict"].verdict is Verdict.FAIL
+    )
+    assert by_node["root.loose"].metrics == by_node["root.strict"].metrics
