@@ -143,7 +143,8 @@ class ByteQueue:
             while (not self.draining and self._outstanding > 0
                    and self._outstanding + nbytes > self.bound):
                 self._cond.wait()
-            if not self._items:
+            was_empty = not self._items
+            if was_empty:
                 self._since = time.monotonic()
             self._items.extend(items)
             self._outstanding += nbytes
@@ -153,6 +154,8 @@ class ByteQueue:
                 self.peak = self._outstanding
             if urgent or self._queued >= self.batch_bytes:
                 self._urgent = True
+                self._cond.notify_all()
+            elif was_empty:  # start the writer's flush_interval clock now
                 self._cond.notify_all()
 
     def take(self, interval: float) -> list[Any]:

@@ -15,6 +15,8 @@ tokens: 1.22 s -> 2.38 s (1.95x); (b) hidden 256, 4 layers, 4 heads, vocab 1000,
 Baseline and captured runs alternate in one process; each figure is the median of
 ``--repeats`` runs; a captured run is ``generate`` + ``HookHandle.close()`` (everything on disk,
 end records written). Registration (topology, parameter fingerprints) is timed separately.
+Also printed: the median of the per-run ratios (robust to load drifting on a shared machine)
+and the ratio of process CPU time (model and writer threads together: the work, not the wait).
 When ``--msit-python`` points at a venv with msit installed (default: /work/side/msit if it
 exists), msit's own ``DumpConfig``/``register_hook`` runs on the same config in a subprocess and
 its ratio is printed beside ours.
@@ -92,27 +94,32 @@ def bench_ours(name: str, c: dict, repeats: int, fmt: str) -> dict:
     model, ids = scope["build"](c)
     generate = scope["generate"]
     generate(model, ids, c)  # warm-up
-    base, dump, reg = [], [], []
+    base, dump, reg, pairs, cpu_base, cpu_dump = [], [], [], [], [], []
     files = nbytes = 0
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, p = time.perf_counter(), time.process_time()
         generate(model, ids, c)
         base.append(time.perf_counter() - t)
+        cpu_base.append(time.process_time() - p)
         out = Path(tempfile.mkdtemp(prefix=f"bench_dump_{name}_"))
         try:
             t = time.perf_counter()
             handle = register_hook(model, DumpConfig(dump_path=out, format=fmt))
             reg.append(time.perf_counter() - t)
-            t = time.perf_counter()
+            t, p = time.perf_counter(), time.process_time()
             generate(model, ids, c)
             handle.close()
             dump.append(time.perf_counter() - t)
+            cpu_dump.append(time.process_time() - p)
+            pairs.append(dump[-1] / base[-1])
             assert handle.failed is None, handle.failed
             files, nbytes = _dir_size(out)
         finally:
             shutil.rmtree(out, ignore_errors=True)
     return {"base": statistics.median(base), "dump": statistics.median(dump),
-            "register": statistics.median(reg), "files": files, "bytes": nbytes}
+            "pair": statistics.median(pairs), "register": statistics.median(reg),
+            "cpu": statistics.median(cpu_dump) / statistics.median(cpu_base),
+            "files": files, "bytes": nbytes}
 
 
 def bench_msit(python: Path, c: dict, repeats: int) -> dict | None:
@@ -148,7 +155,8 @@ def main() -> int:
         ours = bench_ours(name, c, args.repeats, args.format)
         print(f"config {name} {c}")
         print(f"  layerwatch: {ours['base']:.3f} s -> {ours['dump']:.3f} s = "
-              f"{ours['dump'] / ours['base']:.2f}x   ({ours['files']} files, "
+              f"{ours['dump'] / ours['base']:.2f}x (median of per-run ratios {ours['pair']:.2f}x, "
+              f"process CPU {ours['cpu']:.2f}x; {ours['files']} files, "
               f"{ours['bytes'] / 1e6:.1f} MB; register_hook {ours['register']:.3f} s)")
         if args.msit_python is not None:
             theirs = bench_msit(args.msit_python, c, args.repeats)
