@@ -16,6 +16,8 @@ from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
 
+EXIT_OK, EXIT_FAIL = 0, 1
+
 
 def list_faults() -> str:
     from layerwatch.capture.demo.faults import DEFAULT_FAULT, FAULTS
@@ -79,9 +81,23 @@ def demo_main(args: argparse.Namespace) -> int:
     try:
         pipeline, fault = build_pipeline(args, out)
         title = f"layerwatch demo · {fault} · target {args.dtype}"
-        if args.headless:
-            return headless(pipeline, args)
-        return present(pipeline, args, title)
+        code = headless(pipeline, args) if args.headless else present(pipeline, args, title)
     finally:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)
+    return demo_exit(code, fault)
+
+
+def demo_exit(code: int, fault: str) -> int:
+    """0 when the demo did what it shows: the planted fault found (or, with ``--fault none``,
+    everything passing). Reported as compare would (1 = a failure) it would read as broken."""
+    if code not in (EXIT_OK, EXIT_FAIL):
+        return code
+    expected = EXIT_OK if fault == "none" else EXIT_FAIL
+    if code == expected:
+        return EXIT_OK
+    if fault == "none":
+        print("layerwatch demo: the clean run reported a failure", file=sys.stderr)
+    else:
+        print(f"layerwatch demo: the planted fault {fault} was not found", file=sys.stderr)
+    return EXIT_FAIL

@@ -81,16 +81,16 @@ def _text(state: int, q: int) -> str:
         return " NaN "
     if state == CellState.ERROR:
         return " ERR "
-    text = _digits(q)
     if state == CellState.DIVERGED:
-        text = GLYPH_DIVERGED + text[1:]
-    return text
+        # Inputs differ from an earlier token on: the metrics compare unrelated tensors.
+        return f"  {GLYPH_DIVERGED}  "
+    return _digits(q)
 
 
 CELL_TEXTS: list[str] = [
     _text(code // CODES_PER_STATE, code % CODES_PER_STATE) for code in range(N_CODES)
 ]
-"""Cell text by code; the first character is the glyph slot (``!`` first failure, ``≠``)."""
+"""Cell text by code; the first character is the glyph slot (``!`` marks the first failure)."""
 
 
 # --- colours -------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ ANSI16 = Scheme(
 
 def _is_light(colour: str) -> bool:
     r, g, b = Color.parse(colour).get_truecolor()
-    return 0.299 * r + 0.587 * g + 0.114 * b > 140
+    return 0.299 * r + 0.587 * g + 0.114 * b > 110
 
 
 def _on(scheme: Scheme, background: str, **extra: bool) -> Style:

@@ -58,6 +58,11 @@ class RunState:
 
     @property
     def failed(self) -> bool:
-        """A failure was found: ``run_app`` exits 1, like ``compare``."""
+        """A failure was found (or a launched run crashed): ``run_app`` exits 1, like
+        ``compare`` and the headless front ends."""
         s = self.summary
-        return self.first_failure is not None or s.failed > 0 or s.error > 0
+        crashed = any(
+            r.state == "crashed" or (r.state == "exited" and r.exit_code not in (None, 0))
+            for r in self.runs.values()
+        )
+        return self.first_failure is not None or s.failed > 0 or s.error > 0 or crashed

@@ -41,7 +41,7 @@ def test_states_have_their_own_text() -> None:
     code = lambda state, q=30: int(state) * palette.CODES_PER_STATE + q  # noqa: E731
     assert palette.CELL_TEXTS[code(CellState.NONFINITE)].strip() == "NaN"
     assert palette.CELL_TEXTS[code(CellState.ERROR)].strip() == "ERR"
-    assert palette.CELL_TEXTS[code(CellState.DIVERGED)].startswith(palette.GLYPH_DIVERGED)
+    assert palette.CELL_TEXTS[code(CellState.DIVERGED)].strip() == palette.GLYPH_DIVERGED
     assert palette.CELL_TEXTS[code(CellState.PASS, 42)].strip() == "4.2"
     assert palette.CELL_TEXTS[code(CellState.WAITING)] != palette.CELL_TEXTS[code(CellState.EMPTY)]
 

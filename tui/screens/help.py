@@ -15,13 +15,15 @@ from textual.widgets import Static
 
 from .. import keys, palette
 
-COLOURS = """\
-Each cell is one block (embedding, a decoder layer, the final norm, the logits) at one
-token, coloured by the worst value of the selected metric (m cycles cos, red, max_abs,
-mean_rel) inside it. The number in the cell is its matching digits, -log10(error):
-4 means cos 0.9999 (or an error of 1e-4), 3 means 0.999, 2 means 0.99, = exact. Failed
-cells are red whatever the metric; the first failure (earliest token, then earliest in
-execution order) also carries "!" in the cell and in the token column."""
+COLOURS = (
+    "Each cell is one block (embedding, a decoder layer, the final norm, the logits) at one "
+    "token, coloured by the worst value of the selected metric (m cycles cos, red, max_abs, "
+    "mean_rel) inside it. The number in the cell is its matching digits, -log10(error): "
+    "4 means cos 0.9999 (or an error of 1e-4), 3 means 0.999, 2 means 0.99, = exact. Failed "
+    "cells are red whatever the metric; the first failure (earliest token, then earliest in "
+    'execution order) also carries "!" in the cell and in the token column.'
+)
+"""One paragraph: Rich wraps it to the column it gets."""
 
 
 def _keys_tables() -> list[RenderableType]:
@@ -72,6 +74,10 @@ def _colours_table(color_system: str | None) -> Table:
     return table
 
 
+WIDE = 120
+"""From this width on, keys and colours sit side by side."""
+
+
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar = [
         Binding("escape,q,question_mark,f1", "dismiss", "close", key_display="esc")
@@ -79,22 +85,31 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-scroll"):
-            yield Static(
-                Group(
-                    Text("layerwatch keys", style="bold"),
-                    Text(""),
-                    *_keys_tables(),
-                    Text("colours", style="bold"),
-                    Text(COLOURS),
-                    Text(""),
-                    _colours_table(self.app.color_system),
-                    Text("\nesc, q or ? closes this screen", style="dim"),
-                ),
-                id="help-text",
-            )
+            yield Static(id="help-text")
+
+    def _content(self, width: int) -> RenderableType:
+        keys_part = Group(Text("keys", style="bold"), Text(""), *_keys_tables())
+        colours_part = Group(
+            Text("colours", style="bold"),
+            Text(""),
+            Text(COLOURS),
+            Text(""),
+            _colours_table(self.app.color_system),
+        )
+        closing = Text("\nesc, q or ? closes this screen", style="dim")
+        if width < WIDE:
+            return Group(keys_part, colours_part, closing)
+        columns = Table.grid(padding=(0, 4, 0, 0))
+        columns.add_column(ratio=1)
+        columns.add_column(ratio=1)
+        columns.add_row(keys_part, colours_part)
+        return Group(columns, closing)
 
     def on_mount(self) -> None:
         self.query_one("#help-scroll").focus()
+
+    def on_resize(self) -> None:
+        self.query_one("#help-text", Static).update(self._content(self.size.width))
 
     def action_dismiss(self) -> None:
         self.dismiss()

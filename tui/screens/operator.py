@@ -25,8 +25,8 @@ from ..messages import DetailLoaded
 if TYPE_CHECKING:
     from ..app import LayerwatchApp
 
-BAR_WIDTH = 30
-WIDE = 130
+BAR_WIDTH = 20
+WIDE = 120
 """From this width on, the sections sit in two columns."""
 
 
@@ -116,6 +116,13 @@ def inputs_table(inputs: list[PairResult]) -> RenderableType:
     return table
 
 
+def _edge(v: float) -> str:
+    """A bin edge: log-spaced bins span many decades, so two significant digits."""
+    if v == 0:
+        return "0"
+    return f"{v:.1e}" if abs(v) < 1e-2 or abs(v) >= 1e4 else f"{v:.2g}"
+
+
 def histogram(detail: PairDetail) -> RenderableType:
     counts, edges = detail.histogram_counts, detail.histogram_edges
     if not counts:
@@ -126,7 +133,7 @@ def histogram(detail: PairDetail) -> RenderableType:
         lo, hi = edges[i], edges[i + 1] if i + 1 < len(edges) else edges[i]
         bar = "█" * round(BAR_WIDTH * count / peak) if count else ""
         table.add_row(
-            f"[{lo:7.2f}, {hi:7.2f})", Text(bar.ljust(BAR_WIDTH), style="cyan"), str(count)
+            f"[{_edge(lo)}, {_edge(hi)})", Text(bar.ljust(BAR_WIDTH), style="cyan"), str(count)
         )
     return table
 
@@ -179,18 +186,15 @@ def render_detail(detail: PairDetail, block: BlockInfo | None, width: int = 80) 
         inputs_table(detail.inputs),
     ]
     right = [
-        section(
-            f"error histogram · {detail.histogram_label}"
-            if detail.histogram_label
-            else "error histogram"
-        ),
+        section("error histogram"),
+        Text(detail.histogram_label, style="dim"),
         histogram(detail),
         section("worst elements"),
         worst_table(detail),
     ]
     if width < WIDE:
         return Group(head, Text(""), why, *left, *right, section("files"), files)
-    columns = Table.grid(padding=(0, 6, 0, 0))
+    columns = Table.grid(padding=(0, 4, 0, 0))
     columns.add_column()
     columns.add_column()
     columns.add_row(Group(*left), Group(*right))
