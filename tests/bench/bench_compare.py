@@ -53,10 +53,14 @@ CASES = {
 
 
 # --- dump generation (runs inside the msit side venv) ---------------------------------------
-def make_dump(case: str, side: str, out: Path) -> None:
+def make_dump(case: str, side: str, out: Path, tool: str = "msit") -> None:
     import torch
-    from msit_llm import DumpConfig, register_hook
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    if tool == "msit":
+        from msit_llm import DumpConfig, register_hook
+    else:
+        from layerwatch.capture import DumpConfig, register_hook
 
     c = CASES[case]
     torch.manual_seed(1234)
@@ -75,12 +79,14 @@ def make_dump(case: str, side: str, out: Path) -> None:
         model = model.to(torch.bfloat16)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    register_hook(model, DumpConfig(dump_path=str(out), token_range=list(range(c["new"]))))
+    handle = register_hook(model, DumpConfig(dump_path=str(out), token_range=list(range(c["new"]))))
     prompt = torch.randint(
         0, c["vocab"], (1, c["prompt"]), generator=torch.Generator().manual_seed(7)
     )
     with torch.no_grad():
         model.generate(prompt, max_new_tokens=c["new"], do_sample=False, pad_token_id=0)
+    if tool != "msit":
+        handle.close()  # flush: every tensor on disk
 
 
 def rank_dir(side_dir: Path) -> Path:
@@ -104,6 +110,32 @@ def ensure_dumps(work: Path, case: str, msit_python: Path) -> tuple[Path, Path]:
                 env=env,
             )
         dirs.append(rank_dir(side_dir))
+    return dirs[0], dirs[1]
+
+
+def ensure_layerwatch_dumps(work: Path, case: str) -> tuple[Path, Path]:
+    """The same model and prompt captured by our own ``register_hook`` (layerwatch format)."""
+    dirs = []
+    for side in ("golden", "target"):
+        side_dir = work / case / f"layerwatch-{side}"
+        if not list(side_dir.glob("*/index.jsonl")):
+            print(
+                f"[bench] writing case {case} {side} with layerwatch's register_hook ...",
+                file=sys.stderr,
+            )
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            cmd = [
+                sys.executable,
+                __file__,
+                "--make",
+                case,
+                side,
+                str(side_dir),
+                "--tool",
+                "layerwatch",
+            ]
+            subprocess.run(cmd, check=True, env=env)
+        dirs.append(side_dir)
     return dirs[0], dirs[1]
 
 
@@ -178,6 +210,27 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         walls, cpus, _ = timed(msit, env, args.msit_repeat)
         row["msit_s"] = statistics.median(walls)
         row["msit_cpu"] = statistics.median(cpus)
+    if args.layerwatch_format:
+        lw_golden, lw_target = ensure_layerwatch_dumps(args.work, case)
+        _, lw_bytes, _ = load_floor(lw_golden, lw_target, 1)
+        lw = [
+            sys.executable,
+            "-m",
+            "layerwatch.tui",
+            "compare",
+            str(lw_golden),
+            str(lw_target),
+            "--json",
+            "--jobs",
+            "1",
+        ]
+        timed(lw, env, 1)
+        walls, cpus, _ = timed(lw, env, args.repeat)
+        row["lw_MB"], row["lw_s"], row["lw_cpu"] = (
+            lw_bytes / 1e6,
+            statistics.median(walls),
+            statistics.median(cpus),
+        )
     return row
 
 
@@ -201,11 +254,25 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
             f"{pairs / s:.0f} pairs/s  → {row['msit_s'] / s:.1f}× msit by wall, "
             f"{row['msit_cpu'] / cpu:.1f}× by CPU; {row['floor_s'] / s:.0%} of the load floor"
         )
+    if "lw_s" in row:
+        s, cpu = row["lw_s"], row["lw_cpu"]
+        print(
+            f"  same model dumped in the layerwatch format ({row['lw_MB']:.1f} MB, shared payloads), "
+            f"--jobs 1: {s:.2f} s wall ({cpu:.2f} s CPU) → {row['msit_s'] / s:.1f}× msit by wall, "
+            f"{row['msit_cpu'] / cpu:.1f}× by CPU"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--make", nargs=3, metavar=("CASE", "SIDE", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--tool", default="msit", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-layerwatch-format",
+        dest="layerwatch_format",
+        action="store_false",
+        help="skip timing the same model dumped in our own format",
+    )
     parser.add_argument("--cases", nargs="+", default=["a", "b"], choices=sorted(CASES))
     parser.add_argument(
         "--work", type=Path, default=Path(tempfile.gettempdir()) / "layerwatch-bench-compare"
@@ -221,7 +288,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.make:
         case, side, out = args.make
-        make_dump(case, side, Path(out))
+        make_dump(case, side, Path(out), args.tool)
         return
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
