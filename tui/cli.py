@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", metavar="DIR", help="target dump directory (finished or being written)")
     run.add_argument("--out", metavar="DIR", help="where launched commands dump (default: ./layerwatch-run)")
     run.add_argument("--shell", action="store_true", help="run the commands through /bin/sh")
+    run.add_argument("--golden-dumper", choices=("layerwatch", "msit"), default="layerwatch", help="msit: launch --golden-cmd under `msit llm dump` (Ascend ATB)")
+    run.add_argument("--target-dumper", choices=("layerwatch", "msit"), default="layerwatch", help="msit: launch --target-cmd under `msit llm dump` (Ascend ATB)")
     run.add_argument("--headless", action="store_true", help="print progress lines instead of the TUI")
     add_capture_options(run)
     add_watch_options(run)

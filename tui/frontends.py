@@ -59,7 +59,8 @@ def run_main(args: argparse.Namespace) -> int:
             return attach_spec(path or "", idle_s=args.idle)
         argv: str | list[str] = cmd if args.shell else shlex.split(cmd)
         where = _launch_dir(out, name)
-        launch = LaunchSpec(argv, where, options, shell=args.shell, log=out / f"{name}.log")
+        dumper = getattr(args, f"{name}_dumper", "layerwatch") or "layerwatch"
+        launch = LaunchSpec(argv, where, options, dumper, shell=args.shell, log=out / f"{name}.log")
         return SideSpec(where, launch)
 
     golden = side("golden", args.golden_cmd, args.golden)

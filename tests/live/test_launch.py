@@ -55,10 +55,11 @@ def test_unmodified_program_same_output_and_exit_code(tmp_path: Path) -> None:
     assert [t["token"] for t in tokens] == [0, 1, 2, 3]
 
 
-def test_capture_equals_register_hook_in_process(tmp_path: Path) -> None:
+def test_capture_equals_register_hook_in_process(
+    tmp_path: Path, tiny_dumps: tuple[Path, Path]
+) -> None:
     """The zero-code path names, counts and captures exactly what register_hook does."""
-    auto, manual = tmp_path / "auto", tmp_path / "manual"
-    assert layerwatch("dump", "--out", str(auto), "--", sys.executable, str(TINY)).returncode == 0
+    auto, manual = tiny_dumps[0], tmp_path / "manual"
     code = textwrap.dedent(f"""
         import sys, runpy, torch
         from layerwatch.capture import DumpConfig, register_hook

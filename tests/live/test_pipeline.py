@@ -48,15 +48,8 @@ def test_run_headless_reports_first_failure_while_target_still_runs(tmp_path: Pa
     assert (tmp_path / "run" / "golden.log").read_text().startswith("generated")
 
 
-def test_open_headless_matches_compare(tmp_path: Path) -> None:
-    golden, target = tmp_path / "g", tmp_path / "t"
-    assert layerwatch("dump", "--out", str(golden), "--", sys.executable, str(TINY)).returncode == 0
-    assert (
-        layerwatch(
-            "dump", "--out", str(target), "--", sys.executable, str(TINY), "--fault-layer", "0"
-        ).returncode
-        == 0
-    )
+def test_open_headless_matches_compare(tmp_path: Path, tiny_dumps: tuple[Path, Path]) -> None:
+    golden, target = tiny_dumps
     opened = layerwatch("open", "--headless", str(golden), str(target))
     compared = layerwatch("compare", str(golden), str(target))
     assert opened.returncode == compared.returncode == 1
@@ -68,9 +61,10 @@ def test_open_headless_matches_compare(tmp_path: Path) -> None:
     assert (tmp_path / "r.csv").read_text().count("\n") == 121
 
 
-def test_attach_to_finished_dump_and_launch_the_other(tmp_path: Path) -> None:
-    golden = tmp_path / "g"
-    assert layerwatch("dump", "--out", str(golden), "--", sys.executable, str(TINY)).returncode == 0
+def test_attach_to_finished_dump_and_launch_the_other(
+    tmp_path: Path, tiny_dumps: tuple[Path, Path]
+) -> None:
+    golden = tiny_dumps[0]
     launch = LaunchSpec([sys.executable, str(TINY)], tmp_path / "t")
     pipeline = LivePipeline(attach_spec(golden, idle_s=60), SideSpec(tmp_path / "t", launch))
     pipeline.start()
@@ -262,3 +256,38 @@ def test_run_with_msit_format_capture(tmp_path: Path, fmt: str) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "pairs: 60 compared · 60 pass" in done.stdout
+
+
+def test_dump_with_msit_dumper_maps_options(tmp_path: Path, fake_msit: Path) -> None:
+    record = tmp_path / "args.json"
+    env = env_with(FAKE_MSIT_RECORD=str(record), FAKE_MSIT_TOKENS="3")
+    out = tmp_path / "d"
+    done = layerwatch(
+        "dump", "--dumper", "msit", "--out", str(out), "--tokens", "0-1", "--part", "out",
+        "--layers", "Linear*", "--seed", "7", "--", "python3", "-c", "pass", env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    args = __import__("json").loads(record.read_text())
+    assert args["argv"] == [
+        "llm", "dump", "--exec", "python3 -c pass", "-o", str(out), "--type", "model", "tensor",
+        "-er", "0,1", "-stp", "1", "-opname", "Linear", "-seed", "7",
+    ]  # fmt: skip
+    assert "exited with code 0 · 2 tokens, 4 tensors" in done.stdout  # outputs of 2 Linear ops x 2
+    bad = layerwatch(
+        "dump",
+        "--dumper",
+        "msit",
+        "--out",
+        str(out),
+        "--",
+        "python3",
+        "-c",
+        "print(1 + 1)",
+        env=env,
+    )
+    assert bad.returncode == 2
+    assert "msit llm dump splits --exec on spaces" in bad.stderr and "Traceback" not in bad.stderr
+    logits = layerwatch(
+        "dump", "--dumper", "msit", "--last-logits", "--out", str(out), "--", "true", env=env
+    )
+    assert logits.returncode == 2 and "do not apply to --dumper msit" in logits.stderr
