@@ -283,3 +283,23 @@ def test_statistics_match_numpy_on_the_finite_part(tmp_path):
             assert stats["max"] == "nan" and stats["norm"] == 0.0
         assert torch.equal(lwdump.load(handle.run_dir, line).view(-1).view(torch.uint8),
                            x.reshape(-1).view(torch.uint8))
+
+
+def test_a_script_that_never_closes_still_ends_with_a_complete_dump(tmp_path):
+    """msit scripts call register_hook and exit: the interpreter's exit closes the capture."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from layerwatch.capture import DumpConfig, register_hook\n"
+            "net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())\n"
+            "register_hook(net, DumpConfig(dump_path=sys.argv[1]))\n"
+            "for _ in range(3): net(torch.ones(2, 3))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stderr == ""
+    run = lwdump.rank_dir(tmp_path)
+    lines = lwdump.index(run)
+    assert lines[-1]["k"] == "end" and lines[-1]["status"] == "complete" and lines[-1]["tokens"] == 3
+    assert {t for (t, _, _) in lwdump.tensors(run)} == {0, 1, 2}
+    assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
