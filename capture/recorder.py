@@ -46,18 +46,17 @@ def copy_tensor(t: Tensor) -> Any:
     the allocator's price), and the writer thread then needs no torch call to write it.
     Device tensors are cloned on their device (asynchronously, no host transfer here).
     """
-    if t.requires_grad:
-        t = t.detach()
-    if t.is_cpu and t.layout is torch.strided:
+    if t.is_cpu:
         dtype = t.dtype
         try:
             if dtype in _HOST_NUMPY:
-                return t.numpy().copy()
+                return t.numpy().copy()  # raises for sparse, conjugate, requires_grad...
             bits = _HOST_BITS.get(dtype)
             if bits is not None:
                 return t.view(bits).numpy().copy()
-        except (RuntimeError, TypeError):  # conjugate/negative views, exotic subclasses
-            pass
+        except (RuntimeError, TypeError):
+            if t.requires_grad:
+                return copy_tensor(t.detach())
     if t.is_contiguous():
         return t.clone()
     return t.clone(memory_format=torch.contiguous_format)
@@ -90,7 +89,8 @@ class Recorder:
         self.last_order = -1
         self.seen: dict[int, tuple[Any, int, TensorItem]] = {}
         self.calls: dict[str, int] = {}
-        self.pending: dict[int, list[tuple[str, list[TensorItem]]]] = {}
+        self.frames: list[tuple[Any, str, list[TensorItem]]] = []
+        """Inputs taken by pre-hooks, waiting for their module's forward hook (call nesting)."""
         self.leaf: tuple[str, str, Tensor, int | None, int] | None = None
         self.order_map: dict[str, int] | None = None
         self.topology_sent = False
@@ -123,7 +123,7 @@ class Recorder:
         self.order = 0
         self.seen.clear()
         self.calls.clear()
-        self.pending.clear()
+        self.frames.clear()
         self.leaf = None
         self.active = not self.stopped and token in self.tokens
         if self.active and not self.topology_sent and self.order_map is None:
@@ -211,8 +211,11 @@ class Recorder:
             n = self.calls.get(name, 0)
             self.calls[name] = n + 1
             node = name if n == 0 else f"{name}#{n}"
-            items = self.capture(flatten_inputs(args, kwargs), node, type_)
-            self.pending.setdefault(id(module), []).append((node, items))
+            if not kwargs and len(args) == 1 and isinstance(args[0], Tensor):
+                items = [self.capture_one("input_0", args[0], node, type_)]
+            else:
+                items = self.capture(flatten_inputs(args, kwargs), node, type_)
+            self.frames.append((module, node, items))
         except Exception as exc:
             self.fail(exc)
 
@@ -229,16 +232,21 @@ class Recorder:
             items: list[TensorItem] = []
             node = name
             if has_pre:
-                stack = self.pending.get(id(module))
-                if stack:
-                    node, items = stack.pop()
+                frames = self.frames
+                if frames and frames[-1][0] is module:
+                    _, node, items = frames.pop()
+                else:  # a module in between raised, or a re-entrant call: search the stack
+                    node, items = self._frame(module, name)
             elif want_out:
                 n = self.calls.get(name, 0)
                 self.calls[name] = n + 1
                 if n:
                     node = f"{name}#{n}"
             if want_out:
-                items.extend(self.capture(flatten_output(output), node, type_))
+                if isinstance(output, Tensor):
+                    items.append(self.capture_one("output", output, node, type_))
+                else:
+                    items.extend(self.capture(flatten_output(output), node, type_))
             if is_leaf and self.last_logits and isinstance(output, Tensor) and output.is_floating_point():
                 self.leaf = (node, type_, output, _version(output), order)
             if items:
@@ -252,6 +260,30 @@ class Recorder:
                     self.hand_over(urgent=False)
         except Exception as exc:
             self.fail(exc)
+
+    def _frame(self, module: Any, name: str) -> tuple[str, list[TensorItem]]:
+        frames = self.frames
+        for i in range(len(frames) - 1, -1, -1):
+            if frames[i][0] is module:
+                _, node, items = frames.pop(i)
+                del frames[i:]  # frames above it belong to calls that never returned
+                return node, items
+        return name, []
+
+    def capture_one(self, stem: str, t: Tensor, node: str, type_: str) -> TensorItem:
+        """:meth:`capture` for one tensor (the common case, kept short)."""
+        key = id(t)
+        try:
+            version = t._version
+        except RuntimeError:
+            version = None
+        hit = self.seen.get(key)
+        if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
+            return TensorItem(self.token, node, stem, None, type_, hit[2])
+        item = TensorItem(self.token, node, stem, copy_tensor(t), type_, None, t.dtype)
+        if version is not None:
+            self.seen[key] = (weakref.ref(t), version, item)
+        return item
 
     def capture(self, pairs: list[tuple[str, Tensor]], node: str, type_: str) -> list[TensorItem]:
         out = []

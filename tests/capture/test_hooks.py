@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
@@ -303,3 +304,39 @@ def test_a_script_that_never_closes_still_ends_with_a_complete_dump(tmp_path):
     assert lines[-1]["k"] == "end" and lines[-1]["status"] == "complete" and lines[-1]["tokens"] == 3
     assert {t for (t, _, _) in lwdump.tensors(run)} == {0, 1, 2}
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_a_child_that_raises_inside_a_caught_exception_does_not_confuse_its_parent(tmp_path):
+    class Fails(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    class Parent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bad = Fails()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            with contextlib.suppress(ValueError):
+                self.bad(x * 2)
+            return self.lin(x)
+
+    class Top(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.parent = Parent()
+
+        def forward(self, x):
+            return self.parent(x + 1)
+
+    top = Top()
+    x = torch.ones(1, 2)
+    with register_hook(top, DumpConfig(dump_path=tmp_path)) as handle:
+        top(x)
+        top(x)
+    got = lwdump.tensors(handle.run_dir)
+    for token in (0, 1):
+        assert torch.equal(lwdump.load(handle.run_dir, got[token, "root.parent", "input_0"]), x + 1)
+        assert torch.equal(lwdump.load(handle.run_dir, got[token, "root", "input_0"]), x)
+        assert (token, "root.parent.bad", "output") not in got
