@@ -27,7 +27,8 @@ class TensorItem:
     file = ""
     begin = 0
     end = 0
-    stats: dict[str, float] | None = None
+    stats: tuple[float, float, float, float, int, int] | None = None
+    """``(max, min, mean, norm, nan, inf)`` (``capture/stats.py``), set by the writer."""
     dtype_name = ""
     shape: list[int] = []  # noqa: RUF012 - replaced per instance by the writer, never mutated
     done = False
@@ -49,6 +50,17 @@ class TensorItem:
         self.alias = alias
         """The earlier item holding the same bytes (an unmodified tensor seen again)."""
         self.nbytes = 0 if tensor is None else tensor.nbytes
+
+
+class Placeholder:
+    """Shape and dtype of a tensor that is indexed but not copied (sparse and other layouts)."""
+
+    __slots__ = ("dtype", "nbytes", "shape")
+
+    def __init__(self, shape: Any, dtype: Any) -> None:
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.nbytes = 0
 
 
 class TokenItem:

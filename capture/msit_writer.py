@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .config import DumpConfig
 from .errors import LayerwatchError
 from .format import TMP_PREFIX, write_json_atomic
-from .handoff import TensorItem, TokenItem, TopologyItem, WeightItem
+from .handoff import Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
 from .stats import as_torch, batch_stats
 from .topology import model_tree
 from .writer_thread import WriterThread
@@ -67,9 +68,12 @@ class MsitWriter(WriterThread):
         for it in fresh:
             it.dtype_name = str(it.dtype)
             it.shape = list(it.tensor.shape)
-        if self.want_stats and fresh:
-            rows = batch_stats([it.tensor for it in fresh], [it.dtype for it in fresh])
-            for it, row in zip(fresh, rows, strict=True):
+        real = [it for it in fresh if isinstance(it.tensor, np.ndarray)
+                or (type(it.tensor) is not Placeholder and not it.tensor.is_complex()
+                    and it.tensor.layout is torch.strided and it.tensor.device.type != "meta")]
+        if self.want_stats and real:
+            rows = batch_stats([it.tensor for it in real], [it.dtype for it in real])
+            for it, row in zip(real, rows, strict=True):
                 it.stats = row
         touched: set[Path] = set()
         for it in items:
@@ -124,8 +128,8 @@ class MsitWriter(WriterThread):
                     os.link(source.file, tmp)
                 except OSError:
                     tmp.write_bytes(Path(source.file).read_bytes())
-            elif source is not None or it.tensor is None:
-                return  # the original was not saved (unsupported dtype): nothing to link
+            elif source is not None or it.tensor is None or type(it.tensor) is Placeholder:
+                return  # nothing to save (a sparse tensor), or its original was not saved
             else:
                 data = it.tensor if type(it) is WeightItem else as_torch(it.tensor, it.dtype)
                 torch.save(data, tmp)

@@ -20,7 +20,7 @@ import torch
 
 from .config import DumpConfig
 from .flatten import first_int_tensor, flatten_inputs, flatten_output
-from .handoff import ByteQueue, TensorItem, TokenItem, TopologyItem
+from .handoff import ByteQueue, Placeholder, TensorItem, TokenItem, TopologyItem
 
 Tensor = torch.Tensor
 
@@ -57,9 +57,11 @@ def copy_tensor(t: Tensor) -> Any:
         except (RuntimeError, TypeError):
             if t.requires_grad:
                 return copy_tensor(t.detach())
+    if t.layout is not torch.strided:  # sparse & co: indexed (dtype, shape), never written
+        return Placeholder(t.shape, t.dtype)
     if t.is_contiguous():
-        return t.clone()
-    return t.clone(memory_format=torch.contiguous_format)
+        return t.detach().clone()
+    return t.detach().clone(memory_format=torch.contiguous_format)
 
 
 def _version(t: Tensor) -> int | None:

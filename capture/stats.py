@@ -91,18 +91,23 @@ def batch_stats(datas: Sequence[Any], dtypes: Sequence[torch.dtype]) -> list[Sta
     return rows  # type: ignore[return-value]
 
 
-_NARROW = frozenset(["f2", "f4", "i1", "u1", "i2", "b1"])
-"""numpy dtypes (``kind`` + itemsize) exactly representable in float32."""
+_NARROW = frozenset(np.dtype(c) for c in ("float16", "float32", "int8", "uint8", "int16", "bool"))
+"""numpy dtypes exactly representable in float32: such batches are reduced in float32."""
+_WIDEN = frozenset({torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
+                                       if hasattr(torch, n))})
 
 
 def _host_segmented(arrays: list[np.ndarray], dtypes: list[torch.dtype]) -> list[list[float]]:
     """``[max, min, sum, sum of squares]`` per small host array; sums accumulate in float64."""
-    flats = [_host_float(a, dt) for a, dt in zip(arrays, dtypes, strict=True)]
-    lengths = np.fromiter((f.size for f in flats), dtype=np.int64, count=len(flats))
+    if _WIDEN.isdisjoint(dtypes):
+        flats = arrays
+    else:
+        flats = [_host_float(a, dt) if dt in _WIDEN else a for a, dt in zip(arrays, dtypes, strict=True)]
+    sizes = [a.size for a in flats]
     starts = np.zeros(len(flats), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    narrow = all(f"{f.dtype.kind}{f.dtype.itemsize}" in _NARROW for f in flats)
-    buf = np.concatenate(flats, dtype=np.float32 if narrow else np.float64, casting="unsafe")
+    np.cumsum(sizes[:-1], out=starts[1:])
+    narrow = {a.dtype for a in flats} <= _NARROW
+    buf = np.concatenate(flats, axis=None, dtype=np.float32 if narrow else np.float64, casting="unsafe")
     with np.errstate(all="ignore"):
         out = np.stack([np.maximum.reduceat(buf, starts).astype(np.float64),
                         np.minimum.reduceat(buf, starts).astype(np.float64),

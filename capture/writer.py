@@ -30,8 +30,8 @@ import torch
 from . import format as fmt
 from .config import DumpConfig
 from .errors import LayerwatchError
-from .handoff import TensorItem, TokenItem, TopologyItem, WeightItem
-from .stats import as_dict, batch_stats
+from .handoff import Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
+from .stats import batch_stats
 from .topology import with_order
 from .writer_thread import WriterThread
 
@@ -109,18 +109,20 @@ class LayerwatchWriter(WriterThread):
 
     def _write_chunk(self, items: list[Any]) -> None:
         fresh = [it for it in items if type(it) is TensorItem and it.alias is None]
+        ok = []
         for it in fresh:
+            data = it.tensor
             it.dtype_name = DTYPE_NAMES.get(it.dtype) or dtype_name(it.dtype)
-            it.shape = list(it.tensor.shape)
-        if self.want_stats and fresh:
-            ok = [it for it in fresh if _stats_ok(it)]
+            it.shape = list(data.shape)
+            if isinstance(data, np.ndarray) or (type(data) is not Placeholder and _plain_tensor(data)):
+                ok.append(it)
+        if self.want_stats and ok:
             rows = batch_stats([it.tensor for it in ok], [it.dtype for it in ok])
             for it, row in zip(ok, rows, strict=True):
-                it.stats = as_dict(row)
+                it.stats = row
         payload: list[Any] = [it for it in items if type(it) is WeightItem]
         if self.want_payload:
-            payload += [it for it in fresh if it.dtype in SAFETENSORS_DTYPE and _stats_ok(it)]
-            payload.sort(key=_queue_position(items))
+            payload += [it for it in ok if it.dtype in SAFETENSORS_DTYPE]
         if payload:
             self._write_data_file(payload)
         for it in fresh:
@@ -247,11 +249,6 @@ def write_json_fast(path: Path, obj: Any) -> None:
         raise
 
 
-def _queue_position(items: list[Any]) -> Any:
-    position = {id(it): i for i, it in enumerate(items)}
-    return lambda it: position[id(it)]
-
-
 _IOV_MAX = 512
 
 
@@ -274,10 +271,10 @@ def _writev_all(fd: int, buffers: list[Any], name: str) -> None:
                 n = 0
 
 
-def _stats_ok(it: TensorItem) -> bool:
-    """Plain strided data we can reduce and write (not sparse, not a meta tensor)."""
-    data = it.tensor
-    return isinstance(data, np.ndarray) or (data.layout is torch.strided and data.device.type != "meta")
+def _plain_tensor(data: torch.Tensor) -> bool:
+    """A copy we can reduce and write (strided, real, not on the meta device); others are
+    indexed with dtype and shape only (complex rotary tables, sparse masks...)."""
+    return data.layout is torch.strided and data.device.type != "meta" and not data.is_complex()
 
 
 _HEADS: dict[tuple[str, str, str], str] = {}
@@ -301,8 +298,9 @@ def _tensor_line(it: TensorItem) -> str:
         if st is None:
             stats = "null"
         else:
-            stats = (f'{{"max":{_num(st["max"])},"min":{_num(st["min"])},"mean":{_num(st["mean"])},'
-                     f'"norm":{_num(st["norm"])},"nan":{st["nan"]},"inf":{st["inf"]}}}')
+            mx, mn, mean, norm, nan, inf = st
+            stats = (f'{{"max":{_num(mx)},"min":{_num(mn)},"mean":{_num(mean)},'
+                     f'"norm":{_num(norm)},"nan":{nan},"inf":{inf}}}')
         shape = ",".join(map(str, src.shape))
         tail = src.tail = (f'"dtype":"{src.dtype_name}","shape":[{shape}],"file":"{src.file}",'
                            f'"begin":{src.begin},"end":{src.end},"stats":{stats}}}\n')

@@ -340,3 +340,28 @@ def test_a_child_that_raises_inside_a_caught_exception_does_not_confuse_its_pare
         assert torch.equal(lwdump.load(handle.run_dir, got[token, "root.parent", "input_0"]), x + 1)
         assert torch.equal(lwdump.load(handle.run_dir, got[token, "root", "input_0"]), x)
         assert (token, "root.parent.bad", "output") not in got
+
+
+def test_complex_and_sparse_tensors_are_indexed_without_stopping_capture(tmp_path):
+    class Rotary(nn.Module):  # Meta's reference Llama passes complex freqs_cis around
+        def forward(self, x, freqs):
+            return x * 2, freqs, torch.eye(3).to_sparse()
+
+    class Top(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rot = Rotary()
+
+        def forward(self, x):
+            return self.rot(x, torch.polar(torch.ones(4), torch.arange(4.0)))[0]
+
+    top = Top()
+    with register_hook(top, DumpConfig(dump_path=tmp_path)) as handle:
+        top(torch.ones(4))
+        top(torch.ones(4))
+    assert handle.failed is None
+    got = lwdump.tensors(handle.run_dir)
+    freqs = got[1, "root.rot", "input_1"]
+    assert freqs["dtype"] == "complex64" and freqs["shape"] == [4] and freqs["file"] == ""
+    assert got[1, "root.rot", "output_2"]["file"] == ""
+    assert torch.equal(lwdump.load(handle.run_dir, got[1, "root.rot", "output_0"]), torch.full((4,), 2.0))
