@@ -33,7 +33,7 @@ def explain(
     thresholds: Thresholds,
     inputs: list[PairResult],
     *,
-    chunk_elems: int = 1 << 22,
+    chunk_elems: int = 1 << 20,
 ) -> PairDetail:
     """Everything the operator view shows for ``result``; ``inputs`` are the node's input pairs
     at the same token (the session passes them)."""

@@ -14,6 +14,7 @@ Definitions (over positions where *both* sides are finite, ``n_f`` of them):
   to ~1e-16 there (and stays right when the norms are orders of magnitude apart).
   Both norms 0 → 1.0; exactly one norm 0 → 0.0.
 * relative_euclidean_distance = ‖d‖ / ‖g‖; ‖g‖ = 0 → ``inf`` if ‖d‖ > 0 else 0.
+* norm_relative_error = |‖t‖ − ‖g‖| / ‖g‖ (same zero rule): the scale part of the error.
 * absolute errors |d|; relative errors |d| / max(|g|, floor), where ``floor`` is the
   small-value floor of the dtype class (``[floor]`` in thresholds.toml). Nothing is masked:
   golden 0 vs target 1 gives 1/floor, not 0 (msit's bug).
@@ -51,6 +52,7 @@ from .records import (
     NAN_GOLDEN,
     NAN_MISMATCH,
     NAN_TARGET,
+    NORM_REL,
     ONE_THOUSANDTH,
     RED,
 )
@@ -195,6 +197,7 @@ class MetricAccumulator:
             cos = min(max(self.gt / (ng * nt), -1.0), 1.0)
         nd = math.sqrt(self.dd)
         red = nd / ng if ng > 0.0 else (math.inf if nd > 0.0 else 0.0)
+        norm_rel = abs(nt - ng) / ng if ng > 0.0 else (math.inf if nt > 0.0 else 0.0)
         out = {
             COSINE: cos,
             MAX_REL: self.max_rel,
@@ -202,6 +205,7 @@ class MetricAccumulator:
             MAX_ABS: self.max_abs,
             MEAN_ABS: self.sum_abs / nf if nf else 0.0,
             RED: red,
+            NORM_REL: norm_rel,
             ONE_THOUSANDTH: self.c1 / nf if nf else 1.0,
             FIVE_THOUSANDTHS: self.c5 / nf if nf else 1.0,
             NAN_MISMATCH: float(self.mismatch),

@@ -40,6 +40,9 @@ MARGIN = "golden_top2_margin"
 """Logits only: largest golden top-1 minus top-2 logit among rows whose argmax disagrees
 (the most confident flip; 0.0 when every row agrees). Smaller is better: a flip within noise
 is a near-tie, not a fault."""
+NORM_REL = "norm_relative_error"
+"""|‖target‖ − ‖golden‖| / ‖golden‖ over the finite elements: a pure scale error, which cosine
+cannot see and which random rounding noise barely moves (≈ RED²/2)."""
 EXACT = "exact_match_ratio"
 """Integer/bool pairs only: share of elements that are exactly equal."""
 STAT_METRICS = (

@@ -22,6 +22,7 @@ from .records import (
     NAN_GOLDEN,
     NAN_MISMATCH,
     NAN_TARGET,
+    NORM_REL,
     ONE_THOUSANDTH,
     RED,
     STAT_METRICS,
@@ -33,7 +34,7 @@ CLASSES = ("int", "fp32", "fp16", "bf16")
 """Dtype classes from strictest to loosest; a pair is judged by the looser of its two sides."""
 CLASS_LABEL = {"int": "integer", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 TENSOR_METRICS = frozenset(
-    {COSINE, MAX_REL, MEAN_REL, MAX_ABS, MEAN_ABS, RED, ONE_THOUSANDTH, FIVE_THOUSANDTHS}
+    {COSINE, MAX_REL, MEAN_REL, MAX_ABS, MEAN_ABS, RED, NORM_REL, ONE_THOUSANDTH, FIVE_THOUSANDTHS}
     | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET, EXACT}
 )
 LOGIT_METRICS = frozenset({KL, TOP1, TOPK, MARGIN})

@@ -22,6 +22,7 @@ from layerwatch.engine.records import (
     NAN_GOLDEN,
     NAN_MISMATCH,
     NAN_TARGET,
+    NORM_REL,
     ONE_THOUSANDTH,
     RED,
     Verdict,
@@ -89,6 +90,7 @@ def test_scale_error_is_caught_by_red_not_cosine(array_type) -> None:
     m = compare_arrays(array_type(BASE), array_type(BASE * 2))
     assert m[COSINE] == pytest.approx(1.0, abs=1e-12)
     assert m[RED] == pytest.approx(1.0, rel=1e-12)
+    assert m[NORM_REL] == pytest.approx(1.0, rel=1e-12)
     verdict, failed, reason = judge(m)
     assert verdict is Verdict.FAIL and failed == ("relative_euclidean_distance",)
     assert reason.startswith("relative_euclidean_distance 1 > ")
