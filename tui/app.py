@@ -28,6 +28,22 @@ TICK_HZ = 15
 MAX_NOTES_PER_TICK = 3
 
 
+def keep_process_pools_working() -> None:
+    """Start multiprocessing's resource tracker now, while ``sys.stderr`` is a real file.
+
+    While the app runs, Textual swaps ``sys.stderr`` for an object whose ``fileno()`` is -1;
+    the resource tracker, started lazily by the first process pool the engine creates, passes
+    ``sys.stderr.fileno()`` to its child and fails ("bad value(s) in fds_to_keep"). That killed
+    the live pipeline's worker in ``layerwatch open`` (the grid stayed empty). Idempotent.
+    """
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    except Exception:  # no resource tracker on this platform: nothing to protect
+        pass
+
+
 class LayerwatchApp(App[int]):
     CSS_PATH = Path(__file__).with_name("layerwatch.tcss")
     HORIZONTAL_BREAKPOINTS: ClassVar = [(0, "-narrow"), (120, "-wide")]
@@ -42,6 +58,7 @@ class LayerwatchApp(App[int]):
         color_system: str | None = None,
     ) -> None:
         super().__init__()
+        keep_process_pools_working()
         self._color_system = color_system
         self.source = source
         self.title_text = title

@@ -21,6 +21,8 @@ class Tick:
     notes: list[str] = field(default_factory=list)
     status_changed: bool = False
     first_failure_changed: bool = False
+    finished: bool = False
+    """The comparison completed during this tick (both sides done, everything compared)."""
 
 
 @dataclass
@@ -50,6 +52,7 @@ class RunState:
             self.first_failure = batch.first_failure
             self.root_cause = batch.root_cause
             self.first_bad_token = batch.first_bad_token
+            tick.finished = tick.finished or (batch.done and not self.done)
             self.done = self.done or batch.done
             if (self.first_failure, self.root_cause) != before:
                 tick.first_failure_changed = tick.status_changed = True

@@ -21,10 +21,10 @@ async def test_arrows_vi_keys_and_ends_move_the_cursor() -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         grid = grid_of(app)
-        assert (grid.cursor_row, grid.cursor_col) == (7, 0)  # following: the newest token
+        assert (grid.cursor_row, grid.cursor_block) == (3, 3)  # finished: on the first failure
         await pilot.press("g")
         assert grid.cursor_row == 0 and not grid.following
-        await pilot.press("j", "down", "l", "right")
+        await pilot.press("home", "j", "down", "l", "right")
         assert (grid.cursor_row, grid.cursor_col) == (2, 2)
         await pilot.press("k", "h")
         assert (grid.cursor_row, grid.cursor_col) == (1, 1)
@@ -162,3 +162,27 @@ async def test_quit_exit_codes() -> None:
         assert clean.state.first_failure is None
         await pilot.press("q")
     assert clean.return_value == 0
+
+
+async def test_when_the_run_finishes_the_cursor_goes_to_the_first_failure() -> None:
+    app = make_app(KITCHEN_SINK, live=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        grid = grid_of(app)
+        app.source.advance(6)
+        await wait_until(pilot, lambda: app.model.n_tokens == 6)
+        assert grid.following and grid.cursor_row == 5
+        app.source.advance(2)  # the last batch says done
+        await wait_until(pilot, lambda: app.state.done)
+        assert (grid.cursor_row, grid.cursor_block) == (3, 3) and not grid.following
+
+
+async def test_a_user_who_moved_keeps_the_cursor_when_the_run_finishes() -> None:
+    app = make_app(KITCHEN_SINK, live=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        grid = grid_of(app)
+        app.source.advance(6)
+        await wait_until(pilot, lambda: app.model.n_tokens == 6)
+        await pilot.press("g", "l")
+        app.source.advance(2)
+        await wait_until(pilot, lambda: app.state.done)
+        assert (grid.cursor_row, grid.cursor_col) == (0, 1)

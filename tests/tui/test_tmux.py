@@ -105,9 +105,9 @@ def test_demo_in_a_terminal_finds_the_fault_and_quits_cleanly(demo: Pane) -> Non
     demo.wait_gone("operators in execution order")
     demo.wait_for("first failure", "⏎ open")
     demo.keys("?")
-    demo.wait_for("layerwatch keys")
+    demo.wait_for("Grid: moving")
     demo.keys("Escape")
-    demo.wait_gone("layerwatch keys")  # (Escape then q within 100 ms would read as alt+q)
+    demo.wait_gone("Grid: moving")  # (Escape then q within 100 ms would read as alt+q)
 
     demo.keys("q")
     screen = demo.wait_for("EXITED rc=", timeout=60)

@@ -106,7 +106,9 @@ class HelpScreen(ModalScreen[None]):
         return Group(columns, closing)
 
     def on_mount(self) -> None:
-        self.query_one("#help-scroll").focus()
+        scroll = self.query_one("#help-scroll")
+        scroll.border_title = "layerwatch help"
+        scroll.focus()
 
     def on_resize(self) -> None:
         self.query_one("#help-text", Static).update(self._content(self.size.width))

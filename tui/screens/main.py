@@ -52,6 +52,8 @@ class MainScreen(Screen[None]):
         self.query_one(Legend).show(self.app.model.metric)
         self.refresh_status()
         self.show_cursor_cell()
+        if self.app.state.done:  # a finished comparison drained before this screen mounted
+            self.call_after_refresh(self.show_answer)
 
     # --- live updates (called by the app's drain, on the UI thread) -------------------------
     def apply_tick(self, tick: Tick, changed: Changed, marked_rows: list[int]) -> None:
@@ -62,9 +64,20 @@ class MainScreen(Screen[None]):
             grid.data_changed(changed, rows=marked_rows)
         if tick.status_changed:
             self.refresh_status()
+        if tick.finished:
+            self.show_answer()
         cursor = (changed.tokens == grid.cursor_row) & (changed.blocks == grid.cursor_block)
         if cursor.any() or marked_rows or tick.blocks is not None:
             self.show_cursor_cell()
+
+    def show_answer(self) -> None:
+        """Nothing more will come: put the cursor on the first failure, unless the user
+        already went elsewhere (follow mode was switched off by moving)."""
+        grid, first = self.grid, self.app.state.first_failure
+        if grid.following and first is not None and first.block >= 0:
+            grid.set_following(False)
+            self._jump(first.token, first.block)
+            self.refresh_status()
 
     def refresh_status(self) -> None:
         self.query_one(StatusBar).show(self.app.state, self.app.model.blocks, self.grid.following)
