@@ -48,6 +48,8 @@ class SideSpec:
 def find_dump(root: Path) -> Path | None:
     """``root`` if it holds a recognisable dump, else its newest subdirectory that does
     (``msit_dump_{timestamp}`` under a launch directory); ``None`` while there is none."""
+    if root.is_file():
+        return root if detect(root) is not None else None  # msprobe's dump.json itself
     if not root.is_dir():
         return None
     if detect(root) is not None:

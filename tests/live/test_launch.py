@@ -157,7 +157,7 @@ def test_file_size_limit_hit_mid_dump(tmp_path: Path) -> None:
         import resource, runpy, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
-        sys.argv = ["tiny", "--tokens", "12", "--dim", "64"]
+        sys.argv = ["tiny", "--tokens", "12", "--dim", "64", "--sleep", "0.3"]  # one token per write
         runpy.run_path({str(TINY)!r}, run_name="__main__")
     """)
     done = layerwatch("dump", "--out", str(out), "--", sys.executable, "-c", code)
@@ -167,6 +167,12 @@ def test_file_size_limit_hit_mid_dump(tmp_path: Path) -> None:
     assert records
     assert all(len(payload(out, r)) == r["end"] - r["begin"] for r in records)
     assert max(r["token"] for r in records) < 11  # capture stopped before the end
+    from layerwatch.engine.load import load_array
+    from layerwatch.engine.readers import open_dump
+
+    update = open_dump(out).poll(None)  # what landed stays readable by the engine
+    assert len(update.tensors) == len(records)
+    assert all(load_array(t.loc).shape == t.shape for t in update.tensors if t.loc is not None)
 
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])

@@ -291,3 +291,25 @@ def test_dump_with_msit_dumper_maps_options(tmp_path: Path, fake_msit: Path) -> 
         "dump", "--dumper", "msit", "--last-logits", "--out", str(out), "--", "true", env=env
     )
     assert logits.returncode == 2 and "do not apply to --dumper msit" in logits.stderr
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.mark.parametrize(
+    ("golden", "target"),
+    [
+        ("msit/golden/msit_dump_fixture", "msit/target/msit_dump_fixture"),
+        (
+            "msprobe/tensor_golden/step0/proc1000/dump.json",
+            "msprobe/tensor_target/step0/proc2000/dump.json",
+        ),
+    ],
+)
+def test_open_foreign_dumps_matches_compare(golden: str, target: str) -> None:
+    """Dumps written by msit and msprobe themselves (READERS' fixtures), a file path included."""
+    g, t = str(FIXTURES / golden), str(FIXTURES / target)
+    opened = layerwatch("open", "--headless", g, t)
+    compared = layerwatch("compare", g, t)
+    assert (opened.returncode, opened.stdout) == (compared.returncode, compared.stdout)
+    assert "pairs:" in opened.stdout
