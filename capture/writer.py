@@ -15,11 +15,7 @@ is truncated back to its last complete line, so readers never see half a record.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import math
 import os
-import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -31,35 +27,17 @@ from . import format as fmt
 from .config import DumpConfig
 from .errors import LayerwatchError
 from .handoff import Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
+from .index_lines import tensor_line
+from .safetensors_file import (
+    DTYPE_NAMES,
+    SAFETENSORS_DTYPE,
+    dtype_name,
+    write_batch_file,
+    write_json_fast,
+)
 from .stats import batch_stats
 from .topology import with_order
 from .writer_thread import WriterThread
-
-SAFETENSORS_DTYPE = {
-    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}
-for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
-                     ("uint32", "U32"), ("uint64", "U64")):
-    if hasattr(torch, _name):
-        SAFETENSORS_DTYPE[getattr(torch, _name)] = _code
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-DTYPE_NAMES = {dt: dtype_name(dt) for dt in SAFETENSORS_DTYPE}
-
-
-def payload_view(data: Any) -> Any:
-    """The raw bytes of a captured copy (numpy array, or a contiguous tensor on any device)."""
-    if isinstance(data, np.ndarray):
-        return data
-    if data.device.type != "cpu":
-        data = data.cpu()
-    return data.reshape(-1).view(torch.uint8).numpy()
 
 
 class LayerwatchWriter(WriterThread):
@@ -131,12 +109,12 @@ class LayerwatchWriter(WriterThread):
         if self.deferred:
             ready = [d for d in self.deferred if d.alias.done]
             self.deferred = [d for d in self.deferred if not d.alias.done]
-            lines.extend(_tensor_line(d) for d in ready)
+            lines.extend(tensor_line(d) for d in ready)
         for it in items:
             kind = type(it)
             if kind is TensorItem:
                 if it.alias is None or it.alias.done:
-                    lines.append(_tensor_line(it))
+                    lines.append(tensor_line(it))
                 else:  # its bytes come with an outer module's inputs, queued later
                     self.deferred.append(it)
             elif kind is TokenItem:
@@ -158,45 +136,20 @@ class LayerwatchWriter(WriterThread):
             write_json_fast(self.run_dir / fmt.TOPOLOGY, self.topology)
 
     def _write_data_file(self, payload: list[Any]) -> None:
-        header: dict[str, Any] = {}
-        offset = 0
+        entries = []
         for it in payload:
-            t = it.tensor
-            name = (f"weights/{it.node}.{it.param}" if type(it) is WeightItem
-                    else fmt.tensor_name(it.token, it.node, it.stem))
-            dtype = t.dtype if type(it) is WeightItem else it.dtype
-            header[name] = {"dtype": SAFETENSORS_DTYPE[dtype], "shape": list(t.shape),
-                            "data_offsets": [offset, offset + it.nbytes]}
-            it.begin = offset
-            offset += it.nbytes
-        header["__metadata__"] = {"format": "pt", "writer": "layerwatch"}
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
-        base = 8 + len(raw)
+            if type(it) is WeightItem:
+                entries.append((f"weights/{it.node}.{it.param}", it.tensor.dtype, list(it.tensor.shape), it.tensor))
+            else:
+                entries.append((fmt.tensor_name(it.token, it.node, it.stem), it.dtype, it.shape, it.tensor))
         rel = fmt.data_file_name(self.seq)
         self.seq += 1
-        path = self.run_dir / rel
-        tmp = path.with_name(fmt.TMP_PREFIX + path.name)
-        try:
-            buffers = [struct.pack("<Q", len(raw)) + raw]
-            buffers += [payload_view(it.tensor) for it in payload]
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                _writev_all(fd, buffers, str(tmp))
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError) and exc.filename is None:
-                exc.filename = str(path)
-            raise
+        begin = write_batch_file(self.run_dir / rel, entries)
         for it in payload:
             it.file = rel
-            it.begin += base
-            it.end = it.begin + it.nbytes
-        self.bytes_written += base + offset
+            it.begin = begin
+            it.end = begin = begin + it.nbytes
+        self.bytes_written += begin
 
     def append_index(self, text: str) -> None:
         """Append complete lines with one write; undo a short write so no half line stays."""
@@ -230,78 +183,7 @@ class LayerwatchWriter(WriterThread):
             write_json_fast(self.run_dir / fmt.MANIFEST, self.manifest("error: " + message))
 
 
-def write_json_fast(path: Path, obj: Any) -> None:
-    """Atomic compact JSON (the C encoder; ``indent`` would switch to the slow Python one).
-
-    The temp file is removed if the write fails, so a full disk leaves no ``.tmp-`` behind.
-    """
-    try:
-        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
-    except ValueError:  # NaN/Inf (a fingerprint of broken weights): written as strings
-        text = fmt.encode_line(obj)
-    tmp = path.with_name(fmt.TMP_PREFIX + path.name)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-_IOV_MAX = 512
-
-
-def _writev_all(fd: int, buffers: list[Any], name: str) -> None:
-    """Write every buffer with as few system calls as possible (``writev``), retrying short writes."""
-    views = [memoryview(b).cast("B") for b in buffers]
-    views = [v for v in views if v.nbytes]
-    while views:
-        group = views[:_IOV_MAX]
-        n = os.writev(fd, group)
-        if n <= 0:
-            raise OSError(28, "No space left on device", name)
-        while n and views:
-            head = views[0]
-            if n >= head.nbytes:
-                n -= head.nbytes
-                views.pop(0)
-            else:
-                views[0] = head[n:]
-                n = 0
-
-
 def _plain_tensor(data: torch.Tensor) -> bool:
     """A copy we can reduce and write (strided, real, not on the meta device); others are
     indexed with dtype and shape only (complex rotary tables, sparse masks...)."""
     return data.layout is torch.strided and data.device.type != "meta" and not data.is_complex()
-
-
-_HEADS: dict[tuple[str, str, str], str] = {}
-
-
-def _num(x: float) -> str:
-    return repr(x) if math.isfinite(x) else f'"{x!r}"'
-
-
-def _tensor_line(it: TensorItem) -> str:
-    """One ``K_TENSOR`` line (the same JSON as ``IndexTensor.to_json``), formatted directly."""
-    src = it.alias if it.alias is not None else it
-    key = (it.node, it.stem, it.node_type)
-    head = _HEADS.get(key)
-    if head is None:
-        head = _HEADS[key] = (f'"node":{json.dumps(it.node)},"stem":{json.dumps(it.stem)},'
-                              f'"type":{json.dumps(it.node_type)}')
-    tail = src.tail
-    if tail is None:  # the part every alias of this tensor shares: computed once
-        st = src.stats
-        if st is None:
-            stats = "null"
-        else:
-            mx, mn, mean, norm, nan, inf = st
-            stats = (f'{{"max":{_num(mx)},"min":{_num(mn)},"mean":{_num(mean)},'
-                     f'"norm":{_num(norm)},"nan":{nan},"inf":{inf}}}')
-        shape = ",".join(map(str, src.shape))
-        tail = src.tail = (f'"dtype":"{src.dtype_name}","shape":[{shape}],"file":"{src.file}",'
-                           f'"begin":{src.begin},"end":{src.end},"stats":{stats}}}\n')
-    return f'{{"k":"t","token":{it.token},{head},"order":{it.order},{tail}'

@@ -1,0 +1,125 @@
+"""Bytes on disk: safetensors batch files written by hand, and atomic JSON files.
+
+We write the safetensors format ourselves (8-byte little-endian header length, a JSON header
+padded with spaces to a multiple of 8, then the raw C-contiguous payloads back to back, no gaps)
+so the absolute offset of every payload is known before the file exists: index lines carry
+them, and readers ``np.fromfile`` a tensor without parsing the header. ``safetensors.safe_open``
+reads these files (tested). Everything goes to a ``.tmp-`` name first and is renamed into place;
+a failed write removes its temp file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import format as fmt
+
+SAFETENSORS_DTYPE = {
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
+                     ("uint32", "U32"), ("uint64", "U64")):
+    if hasattr(torch, _name):
+        SAFETENSORS_DTYPE[getattr(torch, _name)] = _code
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+DTYPE_NAMES = {dt: dtype_name(dt) for dt in SAFETENSORS_DTYPE}
+
+
+def payload_view(data: Any) -> Any:
+    """The raw bytes of a captured copy (numpy array, or a contiguous tensor on any device)."""
+    if isinstance(data, np.ndarray):
+        return data
+    if data.device.type != "cpu":
+        data = data.cpu()
+    return data.reshape(-1).view(torch.uint8).numpy()
+
+
+def write_batch_file(path: Path, entries: list[tuple[str, Any, list[int], Any]]) -> int:
+    """Write ``entries`` (name, torch dtype, shape, payload) as one safetensors file, atomically.
+
+    Returns the absolute offset of the first payload; payload ``i`` starts at that offset plus
+    the sizes of the payloads before it.
+    """
+    header: dict[str, Any] = {}
+    offset = 0
+    buffers: list[Any] = []
+    for name, dtype, shape, data in entries:
+        view = payload_view(data)
+        header[name] = {"dtype": SAFETENSORS_DTYPE[dtype], "shape": shape,
+                        "data_offsets": [offset, offset + view.nbytes]}
+        offset += view.nbytes
+        buffers.append(view)
+    header["__metadata__"] = {"format": "pt", "writer": "layerwatch"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_name(fmt.TMP_PREFIX + path.name)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _writev_all(fd, [struct.pack("<Q", len(raw)) + raw, *buffers], str(tmp))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)
+        raise
+    return 8 + len(raw)
+
+
+def write_json_fast(path: Path, obj: Any) -> None:
+    """Atomic compact JSON (the C encoder; ``indent`` would switch to the slow Python one).
+
+    The temp file is removed if the write fails, so a full disk leaves no ``.tmp-`` behind.
+    """
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN/Inf (a fingerprint of broken weights): written as strings
+        text = fmt.encode_line(obj)
+    tmp = path.with_name(fmt.TMP_PREFIX + path.name)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+_IOV_MAX = 512
+
+
+def _writev_all(fd: int, buffers: list[Any], name: str) -> None:
+    """Write every buffer with as few system calls as possible (``writev``), retrying short writes."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if v.nbytes]
+    while views:
+        group = views[:_IOV_MAX]
+        n = os.writev(fd, group)
+        if n <= 0:
+            raise OSError(28, "No space left on device", name)
+        while n and views:
+            head = views[0]
+            if n >= head.nbytes:
+                n -= head.nbytes
+                views.pop(0)
+            else:
+                views[0] = head[n:]
+                n = 0
