@@ -132,8 +132,8 @@ class LayerwatchApp(App[int]):
         }.get(type(screen).__name__, ("app",))
         for action in keys.palette_actions(scopes):
             yield SystemCommand(
-                action.label.capitalize() + f" ({keys.key_text(action)})",
                 action.help,
+                f"key: {keys.key_text(action)}",
                 partial(self._palette_run, screen, action),
             )
         yield from super().get_system_commands(screen)

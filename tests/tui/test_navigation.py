@@ -186,3 +186,20 @@ async def test_a_user_who_moved_keeps_the_cursor_when_the_run_finishes() -> None
         app.source.advance(2)
         await wait_until(pilot, lambda: app.state.done)
         assert (grid.cursor_row, grid.cursor_col) == (0, 1)
+
+
+async def test_command_palette_runs_registry_actions() -> None:
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        grid = grid_of(app)
+        await pilot.press("g", "home")
+        await pilot.press("ctrl+p")
+        await pilot.press(*"first fail")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: (grid.cursor_row, grid.cursor_block) == (3, 3))
+        await pilot.press("ctrl+p")
+        await pilot.press(*"next metric")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.model.metric == "relative_euclidean_distance")

@@ -9,7 +9,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Input
+from textual.widgets import Footer, Input, Label
 from textual.worker import get_current_worker
 
 from .. import keys
@@ -37,10 +37,12 @@ class MainScreen(Screen[None]):
         with Horizontal(id="body"):
             yield LayerGrid(self.app.model, id="grid")
             yield CellSummary(id="summary")
-        yield Input(
-            placeholder="filter columns: words in block labels or module names · ⏎ keep · esc clear",
-            id="filter",
-        )
+        with Horizontal(id="filter-bar"):
+            yield Label("columns matching", id="filter-label")
+            yield Input(
+                placeholder="words in block labels or module names · ⏎ keep · esc clear",
+                id="filter",
+            )
         yield Legend(id="legend")
         yield Footer(show_command_palette=False)
 
@@ -173,9 +175,8 @@ class MainScreen(Screen[None]):
         grid.set_following(not grid.following)
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.add_class("-shown")
-        box.focus()
+        self.query_one("#filter-bar").add_class("-shown")
+        self.query_one("#filter", Input).focus()
 
     def _set_filter(self, text: str) -> None:
         self.app.model.set_filter(text)
@@ -187,9 +188,8 @@ class MainScreen(Screen[None]):
 
     @on(Input.Submitted, "#filter")
     def _filter_submitted(self, event: Input.Submitted) -> None:
-        box = self.query_one("#filter", Input)
         if not event.value.strip():
-            box.remove_class("-shown")
+            self.query_one("#filter-bar").remove_class("-shown")
         self.grid.focus()
         if not len(self.app.model.visible):
             self.notify(
@@ -197,10 +197,10 @@ class MainScreen(Screen[None]):
             )
 
     def action_clear_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        if box.has_class("-shown") or self.app.model.filter_text:
+        bar, box = self.query_one("#filter-bar"), self.query_one("#filter", Input)
+        if bar.has_class("-shown") or self.app.model.filter_text:
             box.value = ""
-            box.remove_class("-shown")
+            bar.remove_class("-shown")
             self._set_filter("")
             self.grid.focus()
 
