@@ -212,6 +212,11 @@ class Watcher:
                     self._try_attach()
                 elif not os.path.isdir(self._root_s):
                     self._gone()
+                elif not self._emitter_alive():
+                    self._error(
+                        f"the watch on {self._root_s} ended unexpectedly; watching it again"
+                    )
+                    self._detach()
                 else:
                     self._check_pending()
                     if self._rescan_due.is_set() or (
@@ -278,11 +283,21 @@ class Watcher:
             with contextlib.suppress(KeyError, OSError, RuntimeError):
                 observer.unschedule(watch)
 
-    def _gone(self) -> None:
+    def _emitter_alive(self) -> bool:
+        observer, watch = self._observer, self._root_watch
+        if observer is None or watch is None:
+            return True
+        return any(e.watch == watch and e.is_alive() for e in observer.emitters)
+
+    def _detach(self) -> None:
+        """Drop the root watch; the next tick schedules it again and rescans (no duplicates)."""
         if self._root_watch is not None:
             self._unschedule(self._root_watch)
             self._root_watch = None
         self._attached = False
+
+    def _gone(self) -> None:
+        self._detach()
         with self._lock:
             self._pending.clear()
             self._dirs.clear()

@@ -79,7 +79,10 @@ class IncrementalPollingEmitter(EventEmitter):
                 self.queue_event(DirDeletedEvent(self.watch.path))
                 self.stop()
                 return
-            self._poll(quiet=False)
+            try:
+                self._poll(quiet=False)
+            except Exception:  # a bad entry must not end polling (the thread would just die)
+                self._next_full = 0.0  # start over with a full pass next time
 
     def _poll(self, *, quiet: bool) -> None:
         started = time.monotonic()

@@ -206,3 +206,20 @@ def test_json_rewritten_in_place_arrives_again(tmp_path: Path, watch, poll: bool
     sink.until(lambda got: [a.path.name for a in got].count("dump.json") == 2)
     sink.settle(0.5)
     assert sink.files().count("dump.json") == 2
+
+
+@pytest.mark.parametrize("poll", MODES)
+def test_dead_observer_thread_is_replaced(tmp_path: Path, watch, poll: bool) -> None:
+    """If watchdog's emitter thread ends (a bug, a lost inotify fd), the watcher notices, says
+    so, watches again and rescans: nothing that lands meanwhile is lost or doubled."""
+    watcher, sink = watch(tmp_path, poll)
+    _atb(tmp_path / "a.bin")
+    sink.until(lambda got: "a.bin" in [a.path.name for a in got])
+    for emitter in list(watcher._observer.emitters):
+        emitter.stop()
+        emitter.join(5)
+    _atb(tmp_path / "b.bin")
+    got = sink.until(lambda got: "b.bin" in [a.path.name for a in got])
+    assert any(a.kind is ArrivalKind.ERROR and "watching it again" in a.message for a in got)
+    sink.settle(0.5)
+    assert sorted(sink.files()) == ["a.bin", "b.bin"]
