@@ -203,3 +203,18 @@ async def test_command_palette_runs_registry_actions() -> None:
         await pilot.pause(0.5)
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.model.metric == "relative_euclidean_distance")
+
+
+async def test_a_source_that_cannot_start_ends_the_app_with_its_message() -> None:
+    from layerwatch.capture.errors import LayerwatchError
+
+    app = make_app()
+
+    def refuse() -> None:
+        raise LayerwatchError("golden command not found: nosuchbinary")
+
+    app.source.start = refuse
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+    assert app.return_value == 2
+    assert app.error == "golden command not found: nosuchbinary"
