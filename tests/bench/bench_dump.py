@@ -123,6 +123,34 @@ def bench_ours(name: str, c: dict, repeats: int, fmt: str) -> dict:
             "files": files, "bytes": nbytes}
 
 
+def bench_latency(c: dict, repeats: int) -> float:
+    """Seconds from the end of ``generate`` (its last token) until that token's logits line is
+    in ``index.jsonl``, without calling ``flush``/``close``: what a live viewer waits."""
+    import torch
+    from layerwatch.capture import DumpConfig, register_hook
+
+    scope: dict = {}
+    exec(_MODEL_CODE, scope)
+    model, ids = scope["build"](c)
+    waits = []
+    for _ in range(repeats):
+        out = Path(tempfile.mkdtemp(prefix="bench_dump_latency_"))
+        try:
+            handle = register_hook(model, DumpConfig(dump_path=out))
+            with torch.no_grad():
+                scope["generate"](model, ids, c)
+            done = time.perf_counter()
+            needle = f'"token":{c["new"] - 1},"node":"root.lm_head"'.encode()
+            index = handle.run_dir / "index.jsonl"
+            while needle not in index.read_bytes():
+                time.sleep(0.001)
+            waits.append(time.perf_counter() - done)
+            handle.close()
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    return statistics.median(waits)
+
+
 def bench_msit(python: Path, c: dict, repeats: int) -> dict | None:
     out = Path(tempfile.mkdtemp(prefix="bench_dump_msit_"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -159,6 +187,9 @@ def main() -> int:
               f"{ours['dump'] / ours['base']:.2f}x (median of per-run ratios {ours['pair']:.2f}x, "
               f"process CPU {ours['cpu']:.2f}x; {ours['files']} files, "
               f"{ours['bytes'] / 1e6:.1f} MB; register_hook {ours['register']:.3f} s)")
+        if name == "b":
+            print(f"  live latency (last token ends -> its lines in index.jsonl): "
+                  f"{bench_latency(c, args.repeats) * 1e3:.0f} ms (median)")
         if args.msit_python is not None:
             theirs = bench_msit(args.msit_python, c, args.repeats)
             if theirs:
