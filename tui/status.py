@@ -46,8 +46,6 @@ class StatusBar(TextLines):
     def _text(self, width: int) -> Text:
         state = self._state or RunState()
         s = state.summary
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(self.title_text, style="bold")
         counts = Text()
         counts.append(f"  {s.pairs} pairs ")
         counts.append(f"✔{s.passed} ", style="green")
@@ -66,6 +64,13 @@ class StatusBar(TextLines):
             else "· ⏸ paused (spc)",
             style="bold" if not state.done else "",
         )
+        # The counts matter more than a long title (``open`` names two paths): cut the title.
+        room = max(width - counts.cell_len, 8)
+        title = (
+            self.title_text if len(self.title_text) <= room else self.title_text[: room - 1] + "…"
+        )
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(title, style="bold")
         pad = width - text.cell_len - counts.cell_len
         text.append(" " * max(pad, 0))
         text.append_text(counts)
