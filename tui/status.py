@@ -95,6 +95,10 @@ class StatusBar(TextLines):
             text.append(f" ✔ all {s.passed} compared pairs pass ", style="bold green")
         elif s.pairs:
             text.append(f" ✔ no failure in {s.pairs} pairs so far", style="green")
+        elif state.done:
+            why = state.notes[-1] if state.notes else "no tensor landed on both sides"
+            text.append(" ✖ nothing to compare ", style="bold reverse yellow")
+            text.append(f" {why}")
         else:
             text.append(" waiting for tensors from both sides…", style="dim")
         return text

@@ -218,3 +218,27 @@ async def test_a_source_that_cannot_start_ends_the_app_with_its_message() -> Non
         await pilot.pause()
     assert app.return_value == 2
     assert app.error == "golden command not found: nosuchbinary"
+
+
+async def test_a_finished_run_with_nothing_compared_says_so() -> None:
+    from layerwatch.engine.seam import ResultBatch, RunStatus
+
+    app = make_app(KITCHEN_SINK, live=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.source.sink.on_batch(
+            ResultBatch(
+                runs={
+                    "target": RunStatus(
+                        "target", "crashed", exit_code=3, message="exited with code 3"
+                    )
+                },
+                notes=["target: command exited with code 3 before writing anything"],
+                done=True,
+            )
+        )
+        await wait_until(pilot, lambda: app.state.done)
+        status = plain_text(app.screen.query_one(StatusBar))
+        assert "nothing to compare" in status and "exited with code 3 before" in status
+        assert "target ✖ exited with code 3" in status
+        await pilot.press("q")
+    assert app.return_value == 1  # a crashed run is not a pass
