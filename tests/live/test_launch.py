@@ -242,3 +242,25 @@ def test_hf_generate_root_is_the_causal_lm(tmp_path: Path) -> None:
     assert manifest["model"] == "LlamaForCausalLM"
     nodes = {r["node"] for r in index_records(out) if r["k"] == "t"}
     assert "root.model.layers.1.mlp.down_proj" in nodes and "root.lm_head" in nodes
+
+
+def test_worker_processes_each_dump_their_own_rank(tmp_path: Path) -> None:
+    """Like torchrun: a launcher process (no torch) starts two workers; both inherit the
+    bootstrap through the environment and each writes its own rank dir; ``open`` compares the
+    two ranks of this run with the two ranks of the same run again (one side = both ranks)."""
+    launcher = (
+        "import subprocess, sys\n"
+        f"procs = [subprocess.Popen([sys.executable, {str(TINY)!r}]) for _ in range(2)]\n"
+        "sys.exit(max(p.wait() for p in procs))\n"
+    )
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        done = layerwatch("dump", "--out", str(out), "--", sys.executable, "-c", launcher)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "4 tokens, 240 tensors from 2 processes" in done.stdout
+        assert len(list(out.glob("cpu_*/index.jsonl"))) == 2
+        runs.append(out)
+    opened = layerwatch("open", "--headless", str(runs[0]), str(runs[1]))
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    assert "pairs: 240 compared · 240 pass" in opened.stdout
