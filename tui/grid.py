@@ -401,6 +401,12 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
         )
         return row, col
 
+    def on_mouse_scroll_down(self) -> None:
+        self.set_following(False)  # scrolling away is moving: stop pulling the view back
+
+    def on_mouse_scroll_up(self) -> None:
+        self.set_following(False)
+
     def on_click(self, event: events.Click) -> None:
         row, col = self.cell_at(event.x, event.y)
         if row is not None and row >= self.model.n_tokens:

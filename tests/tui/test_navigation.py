@@ -242,3 +242,19 @@ async def test_a_finished_run_with_nothing_compared_says_so() -> None:
         assert "target ✖ exited with code 3" in status
         await pilot.press("q")
     assert app.return_value == 1  # a crashed run is not a pass
+
+
+async def test_the_mouse_wheel_stops_follow_mode() -> None:
+    from textual import events
+
+    app = make_app(KITCHEN_SINK, live=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.source.advance(4)
+        await wait_until(pilot, lambda: app.model.n_tokens == 4)
+        grid = grid_of(app)
+        assert grid.following
+        grid.post_message(events.MouseScrollUp(grid, 10, 5, 0, 0, 0, False, False, False))
+        await wait_until(pilot, lambda: not grid.following)
+        app.source.advance(2)
+        await wait_until(pilot, lambda: app.model.n_tokens == 6)
+        assert grid.cursor_row == 3
