@@ -137,8 +137,15 @@ def register_hook(model: torch.nn.Module, config: DumpConfig | None = None, *,
             root_inputs = root_inputs or module is model
         hooks.append(module.register_forward_hook(partial(recorder.post, name, type_, has_pre, want_out, is_leaf)))
     hooks.append(model.register_forward_hook(recorder.root_post, with_kwargs=True, always_call=True))
+    module_hooks = hooks[1:-1]
     writer.start()
     handle = HookHandle(recorder, writer, hooks, writer.run_dir)
+
+    def drop_module_hooks() -> None:  # the root's two hooks stay: token ids keep being recorded
+        for hook in module_hooks:
+            hook.remove()
+
+    recorder.after_last = drop_module_hooks
     if config.dump_weight:
         _queue_weights(model, config, writer)
     if already_in_call:

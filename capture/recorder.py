@@ -71,6 +71,9 @@ class Recorder:
         self.batch_bytes = 0
         self.local_bytes = min(LOCAL_BYTES, queue.bound // 4)
         """Hand over at this many bytes, so one put stays well below the queue's bound."""
+        self.last_token = self.tokens.last
+        self.after_last: Any = None
+        """Called once after the last selected token (``register_hook`` removes module hooks)."""
         self.stream_event: Any = None
         """For CUDA models: makes a ``StreamEvent`` recorded on the model thread's stream."""
 
@@ -123,6 +126,9 @@ class Recorder:
         self.depth = 0
         if not self.active:
             return
+        if self.last_token is not None and self.token >= self.last_token and self.after_last:
+            self.after_last()  # no later token is selected: drop the per-module hooks
+            self.after_last = None
         try:
             items: list[Any] = []
             if self.late_root is not None:

@@ -88,3 +88,17 @@ def test_tensors_only_mode_has_no_statistics(llama, tmp_path):
     run, _ = _run(llama, tmp_path, dump_statistics_mode=0, token_range="0")
     lines = list(lwdump.tensors(run).values())
     assert lines and all(ln["stats"] is None and ln["file"] for ln in lines)
+
+
+def test_after_the_last_selected_token_only_the_root_hooks_remain(tmp_path):
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    handle = register_hook(model, DumpConfig(dump_path=tmp_path, token_range="0-1"))
+    for _ in range(3):
+        model(torch.ones(1, 2))
+    hooks = {name: len(m._forward_hooks) + len(m._forward_pre_hooks) for name, m in model.named_modules()}
+    assert hooks == {"": 2, "0": 0, "1": 0}
+    model(torch.ones(1, 2))
+    handle.close()
+    lines = lwdump.index(handle.run_dir)
+    assert [ln["token"] for ln in lines if ln["k"] == "token"] == [0, 1, 2, 3]
+    assert {t for (t, _, _) in lwdump.tensors(handle.run_dir)} == {0, 1}
