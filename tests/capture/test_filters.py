@@ -102,3 +102,10 @@ def test_after_the_last_selected_token_only_the_root_hooks_remain(tmp_path):
     lines = lwdump.index(handle.run_dir)
     assert [ln["token"] for ln in lines if ln["k"] == "token"] == [0, 1, 2, 3]
     assert {t for (t, _, _) in lwdump.tensors(handle.run_dir)} == {0, 1}
+
+
+def test_device_id_filters_only_accelerators_as_msit_does(tmp_path):
+    model = nn.Linear(2, 2)  # on the CPU: device_id does not apply (msit's rule)
+    with register_hook(model, DumpConfig(dump_path=tmp_path, device_id=5)) as handle:
+        model(torch.ones(1, 2))
+    assert (0, "root", "output") in lwdump.tensors(handle.run_dir)
