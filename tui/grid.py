@@ -134,7 +134,10 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
 
     def _update_virtual_size(self) -> None:
         columns = len(self.model.visible)
-        self._label_width = max(len(str(max(self.model.n_tokens - 1, 0))), 4) + 2
+        label_width = max(len(str(max(self.model.n_tokens - 1, 0))), 4) + 2
+        if label_width != self._label_width:  # 10 000 tokens: every column moves right
+            self._label_width = label_width
+            self.refresh()
         viewport = self.scrollable_content_region.width
         hidden = max(columns - self.data_columns, 0)
         width = viewport + hidden * COLUMN if hidden else self._label_width + columns * COLUMN
@@ -217,6 +220,7 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
                 self.cursor_col,
                 self.model.version,
                 len(self.model.visible),
+                self._label_width,
             )
             strip = self._cache.get(key)
             if strip is None:
@@ -235,6 +239,7 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
             self.model.version,
             self.model.first_bad,
             self.has_focus,
+            self._label_width,
         )
         strip = self._cache.get(key)
         if strip is None:
