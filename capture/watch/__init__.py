@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from .auto import should_poll
-from .base import ArrivalSink, Watcher, is_ignored
+from .base import ArrivalSink, Watcher
+from .ledger import is_ignored
 from .observers import InotifyWatcher, PollingWatcher
 
 __all__ = [

@@ -3,12 +3,7 @@
 The rules every watcher follows, whatever tells it that something changed (inotify events or
 polling snapshots):
 
-- each complete file is reported once (duplicate events, an initial scan racing the events,
-  and late "modified" events all collapse on the file's (inode, size, mtime) signature);
-- a file is reported only when complete: renamed into place or closed after writing *and*
-  whole by its own framing (:mod:`..stability`), or — for formats without framing — unchanged
-  for ``stable_s``; temp files (``.tmp-*``, dot-files, ``*.part``...) are never reported;
-- the append-only ``index.jsonl`` is reported as GREW whenever its size changes;
+- each complete file is reported once, never a partial one (the rules live in :mod:`.ledger`);
 - new directories (rank ``{device}_{pid}``, token dirs) are reported as DIR and followed;
 - a directory that does not exist yet is waited for; one that disappears is reported (GONE)
   and waited for again.
@@ -24,7 +19,6 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -43,12 +37,9 @@ from watchdog.events import (
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from ..arrivals import Arrival, ArrivalKind
-from ..format import TMP_PREFIX
-from ..stability import Completeness, check_file
 from .auto import nearest_existing
+from .ledger import Ledger, file_sig, is_ignored
 
-_IGNORED_SUFFIXES = (".log", ".tmp", ".part", ".swp", ".lock", "~", ".crdownload")
-_GREW_SUFFIXES = (".jsonl",)
 _EVENTS: list[type[FileSystemEvent]] = [
     FileCreatedEvent,
     FileModifiedEvent,
@@ -69,26 +60,6 @@ class ArrivalSink(Protocol):
     """Where arrivals go: a ``queue.Queue``/``SimpleQueue`` or anything with ``put``."""
 
     def put(self, item: Arrival) -> None: ...
-
-
-def is_ignored(name: str) -> bool:
-    """Temp and hidden files are never data (our writer's temps start with ``.tmp-``)."""
-    return name.startswith((TMP_PREFIX, ".")) or name.endswith(_IGNORED_SUFFIXES)
-
-
-@dataclass(slots=True)
-class _Pending:
-    sig: tuple[int, int, int]
-    since: float
-    """When ``sig`` was first seen (the stable-size clock)."""
-    state: Completeness
-    strong: bool
-    """A close or rename was seen: enough for a file without framing."""
-    reason: str
-
-
-def _sig(st: os.stat_result) -> tuple[int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class _Handler(FileSystemEventHandler):
@@ -133,12 +104,9 @@ class Watcher:
         self.last_activity = time.monotonic()
         """``time.monotonic()`` of the last event or arrival: lets the pipeline see quiet."""
         self._root_s = str(self.root)
-        self._lock = threading.Lock()
-        self._emitted: dict[str, tuple[int, int, int]] = {}
-        self._grown: dict[str, int] = {}
-        self._dirs: set[str] = set()
-        self._pending: dict[str, _Pending] = {}
         self._wake = threading.Event()
+        self.ledger = Ledger(self._put, stable_s, self._wake.set)
+        """What was reported and what is pending (:mod:`.ledger`)."""
         self._stopping = threading.Event()
         self._rescan_due = threading.Event()
         self._observer: BaseObserver | None = None
@@ -188,8 +156,7 @@ class Watcher:
 
     def pending(self) -> dict[Path, str]:
         """Files seen but not complete yet, with the reason (``"412 of 4096 bytes"``)."""
-        with self._lock:
-            return {Path(p): e.reason or "not finished" for p, e in self._pending.items()}
+        return self.ledger.pending()
 
     def request_rescan(self) -> None:
         self._rescan_due.set()
@@ -201,7 +168,7 @@ class Watcher:
         are still incomplete (truncated by a crash, a full disk...)."""
         if os.path.isdir(self._root_s):
             self._scan()
-        self._check_pending(final=True)
+        self.ledger.check_pending(final=True)
         return self.pending()
 
     # --- the settle thread ----------------------------------------------------------------
@@ -218,7 +185,7 @@ class Watcher:
                     )
                     self._detach()
                 else:
-                    self._check_pending()
+                    self.ledger.check_pending()
                     if self._rescan_due.is_set() or (
                         self.backstop_scan and time.monotonic() >= self._next_scan
                     ):
@@ -298,9 +265,7 @@ class Watcher:
 
     def _gone(self) -> None:
         self._detach()
-        with self._lock:
-            self._pending.clear()
-            self._dirs.clear()
+        self.ledger.gone()
         self._put(
             ArrivalKind.GONE,
             self._root_s,
@@ -322,7 +287,7 @@ class Watcher:
                 if etype in ("created", "moved"):
                     self._wake.set()  # maybe the dump dir (or a parent of it) appeared
             elif etype in ("created", "moved") and self._inside(path) and path != self._root_s:
-                self._new_dir(path)
+                self.ledger.new_dir(path)
             elif etype == "deleted" and path == self._root_s:
                 self._wake.set()
             return
@@ -330,124 +295,11 @@ class Watcher:
             return
         self.last_activity = time.monotonic()
         if moved:
-            self._forget(os.fsdecode(event.src_path))
+            self.ledger.forget(os.fsdecode(event.src_path))
         if etype == "deleted":
-            self._forget(path)
+            self.ledger.forget(path)
         elif etype in ("created", "modified", "moved", "closed"):
-            self._consider(path, strong=etype in _STRONG, check_now=etype in _CHECK_NOW)
-
-    def _new_dir(self, path: str) -> None:
-        with self._lock:
-            if path in self._dirs:
-                return
-            self._dirs.add(path)
-        self._put(ArrivalKind.DIR, path)
-
-    def _forget(self, path: str) -> None:
-        with self._lock:
-            self._pending.pop(path, None)
-            self._emitted.pop(path, None)
-            self._grown.pop(path, None)
-
-    def _consider(self, path: str, *, strong: bool, check_now: bool) -> None:
-        name = path.rsplit("/", 1)[-1]
-        if is_ignored(name):
-            return
-        if name.endswith(_GREW_SUFFIXES):
-            self._grew(path)
-            return
-        if not check_now:
-            self._mark_pending(path, strong)
-            return
-        check = check_file(path)
-        if check.state is Completeness.COMPLETE or (strong and check.state is Completeness.UNKNOWN):
-            self._emit_file(path)
-        else:
-            self._mark_pending(path, strong, check.state, check.reason)
-
-    def _mark_pending(
-        self, path: str, strong: bool, state: Completeness | None = None, reason: str = ""
-    ) -> None:
-        try:
-            sig = _sig(os.stat(path))
-        except OSError:
-            return
-        with self._lock:
-            entry = self._pending.get(path)
-            if self._emitted.get(path) == sig:
-                return  # a late event for a file already reported
-            if entry is None:
-                # state None = not checked yet: the next tick checks it (sig differs from this one).
-                self._pending[path] = _Pending(
-                    (-1, -1, -1) if state is None else sig,
-                    time.monotonic(),
-                    state or Completeness.INCOMPLETE,
-                    strong,
-                    reason,
-                )
-            else:
-                entry.strong = entry.strong or strong
-                if state is not None and entry.sig != sig:
-                    entry.sig, entry.since, entry.state, entry.reason = (
-                        sig,
-                        time.monotonic(),
-                        state,
-                        reason,
-                    )
-        if strong:
-            self._wake.set()
-
-    def _grew(self, path: str) -> None:
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            return
-        with self._lock:
-            if self._grown.get(path) == size:
-                return
-            self._grown[path] = size
-        self._put(ArrivalKind.GREW, path)
-
-    def _emit_file(self, path: str) -> None:
-        try:
-            sig = _sig(os.stat(path))
-        except OSError:
-            self._forget(path)
-            return
-        with self._lock:
-            self._pending.pop(path, None)
-            if self._emitted.get(path) == sig:
-                return
-            self._emitted[path] = sig
-        self._put(ArrivalKind.FILE, path)
-
-    def _check_pending(self, *, final: bool = False) -> None:
-        with self._lock:
-            items = list(self._pending.items())
-        now = time.monotonic()
-        for path, entry in items:
-            try:
-                sig = _sig(os.stat(path))
-            except OSError:
-                self._forget(path)
-                continue
-            if sig != entry.sig:
-                check = check_file(path)
-                if check.state is Completeness.COMPLETE or (
-                    entry.strong and check.state is Completeness.UNKNOWN
-                ):
-                    self._emit_file(path)
-                    continue
-                with self._lock:
-                    entry.sig, entry.since, entry.state, entry.reason = (
-                        sig,
-                        now,
-                        check.state,
-                        check.reason,
-                    )
-            stable = final or now - entry.since >= self.stable_s
-            if entry.state is Completeness.UNKNOWN and stable:
-                self._emit_file(path)
+            self.ledger.consider(path, strong=etype in _STRONG, check_now=etype in _CHECK_NOW)
 
     # --- scanning --------------------------------------------------------------------------
     def _scan(self) -> None:
@@ -465,12 +317,13 @@ class Watcher:
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
-                        self._new_dir(entry.path)
-                    elif entry.is_file() and not is_ignored(entry.name):
-                        with self._lock:
-                            done = self._emitted.get(entry.path) == _sig(entry.stat())
-                        if not done:
-                            self._consider(entry.path, strong=False, check_now=True)
+                        self.ledger.new_dir(entry.path)
+                    elif (
+                        entry.is_file()
+                        and not is_ignored(entry.name)
+                        and not self.ledger.reported(entry.path, file_sig(entry.stat()))
+                    ):
+                        self.ledger.consider(entry.path, strong=False, check_now=True)
                 except OSError:
                     continue
 
