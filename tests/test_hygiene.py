@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +40,10 @@ def test_cli_help_imports_neither_torch_nor_textual() -> None:
 
 def test_cli_help_lists_every_command() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "layerwatch.tui", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "layerwatch.tui", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     for command in ("demo", "dump", "run", "watch", "open", "compare"):
         assert command in out.stdout
@@ -49,3 +54,46 @@ def test_capture_never_imports_engine() -> None:
         "import layerwatch.capture, layerwatch.capture.format, layerwatch.capture.arrivals"
     )
     assert not {m for m in loaded if m.startswith("layerwatch.engine")}
+
+
+# The TUI's views see the engine only through the seam (plain records and batches) and the
+# report's wording; only the modules that wire a comparison together (the CLI front ends) may
+# build sessions and pipelines.
+_WIRING = {"cli.py", "demo.py", "frontends.py", "__main__.py"}
+_VIEW_MAY_IMPORT = {
+    "layerwatch.engine.seam",
+    "layerwatch.engine.records",
+    "layerwatch.engine.report",
+}
+
+
+def _engine_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.startswith("layerwatch.engine")
+        ):
+            names = (
+                [node.module]
+                if node.module != "layerwatch.engine"
+                else [f"layerwatch.engine.{alias.name}" for alias in node.names]
+            )
+            found.update(names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("layerwatch.engine"))
+    return found
+
+
+def test_tui_views_reach_the_engine_only_through_the_seam() -> None:
+    tui = Path(__file__).resolve().parents[1] / "tui"
+    offenders = {}
+    for path in sorted(tui.rglob("*.py")):
+        if path.name in _WIRING:
+            continue
+        extra = _engine_imports(path) - _VIEW_MAY_IMPORT
+        if extra:
+            offenders[str(path.relative_to(tui))] = sorted(extra)
+    assert not offenders, offenders
