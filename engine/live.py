@@ -67,6 +67,8 @@ class LivePipeline:
         self._runs: dict[str, RunStatus] = {}
         self._notes: list[str] = []
         self._finished_sent: set[str] = set()
+        self._flushing = False
+        """True while the worker is inside ``session.flush`` (a failure there is not retried)."""
         self.notes: list[str] = []
         """Every note the pipeline itself sent (crashed commands, removed directories...)."""
 
@@ -125,11 +127,44 @@ class LivePipeline:
     def _run(self) -> None:
         try:
             self._loop()
-        except Exception as exc:  # a bug: say so once, keep the results so far
-            self.error = f"live pipeline stopped: {type(exc).__name__}: {exc}"
-            self._notes.append(self.error)
-            self._send(self.session.flush())
+        except Exception as exc:  # say so once, keep the results so far, always end
+            self._give_up(exc)
+        finally:
             self.done.set()
+
+    def _give_up(self, exc: Exception) -> None:
+        """The last batch after the worker failed: the reason as one note, ``done=True``.
+
+        The session is flushed once more only when flushing was not what failed (a failing
+        pool or metric would fail again, and a front end must never wait for a batch that
+        cannot come); otherwise the batch carries the state as it was.
+        """
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        self.error = f"live pipeline stopped: {type(exc).__name__}{': ' + detail if detail else ''}"
+        self._notes.append(self.error)
+        self.notes.append(self.error)
+        batch: ResultBatch | None = None
+        if not self._flushing:
+            try:
+                batch = self.session.flush()
+            except Exception:  # the first error is the one to report
+                batch = None
+        if batch is None:
+            batch = self._state_batch()
+        self._send(replace(batch, done=True))
+
+    def _state_batch(self) -> ResultBatch:
+        """The session's current findings without comparing anything (no flush)."""
+        try:
+            session = self.session
+            return ResultBatch(
+                summary=session.summary,
+                first_failure=session.first_failure,
+                root_cause=session.root_cause,
+                first_bad_token=session.first_bad_token,
+            )
+        except Exception:  # even the state is unreadable: say only why
+            return ResultBatch()
 
     def _loop(self) -> None:
         next_flush = time.monotonic()
@@ -159,7 +194,9 @@ class LivePipeline:
                 dirty = True
             now = time.monotonic()
             if (dirty or self._runs or self._notes) and now >= next_flush:
+                self._flushing = True
                 result = self.session.flush()
+                self._flushing = False
                 dirty = False
                 next_flush = now + FLUSH_S
                 self._send(result)

@@ -4,7 +4,8 @@ Headless (``--headless``, or when stdout is not a terminal): progress lines on s
 once a second, run-state changes and notes on stderr as they happen, the first failure on
 stdout the moment it is known (stderr with ``--json``, so stdout stays one JSON object), then
 the same summary, report options and exit codes as ``layerwatch compare``: 0 everything passed,
-1 a failure, 2 nothing to compare or bad input, 130 interrupted.
+1 a failure, 2 nothing to compare, bad input or the engine worker gave up (its one line),
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -177,6 +178,9 @@ def report(pipeline: Any, args: argparse.Namespace, out: TextIO, interrupted: bo
     from layerwatch.engine.report import dumps_json, export, json_report, summary_text
 
     session = pipeline.session
+    error = getattr(pipeline, "error", None)
+    if error and not interrupted:  # the worker gave up: results may be incomplete
+        raise LayerwatchError(error)
     results = session.results()
     if not results:
         if interrupted:
@@ -242,7 +246,8 @@ class Printer:
                         flush=True,
                     )
             for note in batch.notes:
-                print(f"layerwatch: note: {note}", file=self.progress, flush=True)
+                if note != getattr(self.pipeline, "error", None):  # the exit line says it
+                    print(f"layerwatch: note: {note}", file=self.progress, flush=True)
             self.pairs, self.failed = batch.summary.pairs, batch.summary.failed
             first = batch.first_failure
             if first is not None and (
