@@ -81,6 +81,10 @@ def locate(path: Path) -> Where | None:
     return None
 
 
+_PATH_ORDER_MIN_NODES = 8
+"""Below this many modules at a token, times in path order may be a real execution."""
+
+
 @dataclass(slots=True)
 class _Token:
     order: dict[str, int] = field(default_factory=dict)
@@ -98,6 +102,8 @@ class _Rank:
     types: dict[str, str] = field(default_factory=dict)
     tokens: dict[int, _Token] = field(default_factory=dict)
     ordered_topology: bool = False
+    times_noted: bool = False
+    """The note that this rank's file times do not follow execution was given."""
 
 
 class MsitReader:
@@ -267,6 +273,15 @@ class MsitReader:
             for _path, node, _name, mtime, _size in items:
                 if node not in first or mtime < first[node]:
                     first[node] = mtime
+            if full and state.post and not self._times_follow_execution(items):
+                # Copied without its times (git clone, cp/scp without -p): the tree decides.
+                first = dict.fromkeys(first, 0)
+                if not state.times_noted:
+                    state.times_noted = True
+                    update.notes.append(
+                        f"{state.path}: file times do not follow execution (copied without "
+                        "preserving times?): execution order taken from model_tree.json"
+                    )
             for node in sorted(
                 (n for n in first if n not in tok.order),
                 key=lambda n: (first[n], self._post_index(state, n), n),
@@ -366,6 +381,34 @@ class MsitReader:
                 update.token_ids[token] = tuple(int(i) for i in ids)
                 tok.has_ids = True
                 return
+
+    def _times_follow_execution(self, items: list) -> bool:
+        """Whether the files' times can be the order msit wrote them in.
+
+        msit writes a module's files in its forward hook, after its children finished, so in a
+        dump with its original times no module is older than a child of it. A copy that did not
+        keep the times fails this (``cp -r``/``scp -r`` write in directory order) or writes the
+        files in path order (git checkouts, ``rsync`` without ``-t``): times in exact path order
+        over several modules are not an execution (no model runs q, k, v in name order).
+        """
+        last: dict[str, int] = {}
+        for _path, node, _name, mtime, _size in items:
+            if mtime > last.get(node, -1):
+                last[node] = mtime
+        nodes = self._topology.nodes if self._topology is not None else {}
+        for node, mtime in last.items():
+            parent = nodes[node].parent if node in nodes else node.rpartition(".")[0]
+            while parent:
+                if parent in last:
+                    if last[parent] < mtime:
+                        return False
+                    break
+                parent = nodes[parent].parent if parent in nodes else parent.rpartition(".")[0]
+        if len(last) >= _PATH_ORDER_MIN_NODES:
+            by_time = [item[0] for item in sorted(items, key=lambda i: (i[3], i[0]))]
+            if by_time == sorted(by_time):
+                return False
+        return True
 
     def _post_index(self, state: _Rank, node: str) -> float:
         if node in state.post:

@@ -173,22 +173,54 @@ def test_a_partial_pth_is_skipped_then_read_once_complete(tmp_path: Path) -> Non
     assert reader.poll([path]).tensors == [] and reader.poll().tensors == []
 
 
-def test_order_follows_mtimes_then_declaration(tmp_path: Path) -> None:
+def _token0_copy(tmp_path: Path) -> Path:
+    """Token 0 of the golden rank, copied with the times msit wrote it with (copy2 keeps them)."""
     rank = tmp_path / "torch_tensors" / "cpu_1"
     shutil.copytree(RANK, rank, ignore=shutil.ignore_patterns("1", "2", "weights"))
-    base = 1_700_000_000_000_000_000
-    # Make q_proj finish last, then give two nodes the same time: the tree's post-order decides.
-    for i, p in enumerate(sorted((rank / "0").rglob("*.pth"))):
-        os.utime(p, ns=(base, base + i * 1000))
-    late = base + 10**12
-    for p in (rank / "0" / "root.model.layers.0.self_attn.q_proj").glob("*.pth"):
-        os.utime(p, ns=(late, late))
+    return rank
+
+
+def test_order_follows_mtimes_then_declaration(tmp_path: Path) -> None:
+    rank = _token0_copy(tmp_path)
+    # A tie (coarse clock): a module and its child at the module's time; the tree's post-order
+    # decides.
+    mlp = rank / "0" / "root.model.layers.1.mlp"
+    tie = max(p.stat().st_mtime_ns for p in mlp.glob("*.pth"))
     for node in ("root.model.layers.1.mlp", "root.model.layers.1.mlp.down_proj"):
         for p in (rank / "0" / node).glob("*.pth"):
-            os.utime(p, ns=(base, base))
-    order = {r.key.node: r.order for r in open_dump(rank).poll().tensors}
-    assert order["root.model.layers.0.self_attn.q_proj"] == max(order.values())
+            os.utime(p, ns=(tie, tie))
+    update = open_dump(rank).poll()
+    order = {r.key.node: r.order for r in update.tensors}
+    assert not update.notes
+    # The times, not the declaration: HF declares input_layernorm after mlp and runs it first,
+    # and runs q, k, v in that order (their names sort k, o, q, v).
+    attn = "root.model.layers.0.self_attn."
+    assert order["root.model.layers.0.input_layernorm"] < order[attn + "q_proj"]
+    assert order[attn + "q_proj"] < order[attn + "k_proj"] < order[attn + "v_proj"]
     assert order["root.model.layers.1.mlp.down_proj"] < order["root.model.layers.1.mlp"]
+
+
+@pytest.mark.parametrize("copy", ["path_order", "module_before_child"])
+def test_a_copy_without_times_takes_the_tree_order_and_says_so(tmp_path: Path, copy: str) -> None:
+    rank = _token0_copy(tmp_path)
+    base = 1_700_000_000_000_000_000
+    files = sorted((rank / "0").rglob("*.pth"))
+    if copy == "path_order":  # git checkout, rsync without -t: written in path order
+        stamps = {p: base + i * 1000 for i, p in enumerate(files)}
+    else:  # keep the real times but make one module older than its child (cp -r order)
+        stamps = {p: p.stat().st_mtime_ns for p in files}
+        for p in (rank / "0" / "root.model.layers.0.self_attn").glob("*.pth"):
+            stamps[p] = base
+    for p, t in stamps.items():
+        os.utime(p, ns=(t, t))
+    update = open_dump(rank).poll()
+    order = {r.key.node: r.order for r in update.tensors}
+    assert any("file times do not follow execution" in n for n in update.notes)
+    attn = "root.model.layers.0.self_attn."
+    # The model tree's post-order: children in declaration order, then their module.
+    chain = [attn + n for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    chain += ["root.model.layers.0.self_attn", "root.model.layers.0.mlp"]
+    assert [order[n] for n in chain] == sorted(order[n] for n in chain)
 
 
 def test_removed_directory_is_a_note(tmp_path: Path) -> None:
