@@ -1,19 +1,26 @@
-"""Running pair comparisons: inline, or in a process pool when there is enough work.
+"""Running pair comparisons: inline, or shared between this process and a process pool.
 
-A pool round trip costs ~0.1-0.3 ms and a forked worker a few ms, so the pool is used only with
-``jobs > 1`` and at least two big pairs (``big_bytes`` of golden + target payload: one per task,
-largest first, while the small pairs run inline) or, with no big pairs, a few hundred small ones
-(in batches, so the per-task cost is paid once per batch). A live session's flushes are usually
-small and stay inline, where the per-pair cost is the metric itself.
+With ``jobs > 1`` and enough work (at least two big pairs of ``big_bytes`` golden + target
+payload, or a few hundred small ones) the pairs are cut into ``jobs`` shares of about equal
+estimated cost: this process compares the first share while ``jobs − 1`` workers compare one
+share each. One task per worker keeps the pool's per-task cost (pickling, queues: ~0.2 ms) out of
+the per-pair cost, and results travel back without their records (the caller has them). Within
+a share, small pairs are measured a batch at a time (``compare.compare_pairs``), which gives
+the same metrics as one at a time, so results never depend on ``jobs``.
+
+A pool that cannot start (``ValueError: bad value(s) in fds_to_keep`` while a front end has
+swapped ``sys.stderr``, no ``fork``/``sem_open`` on the platform...) is not an error: the work is
+compared inline and :attr:`JobRunner.notes` says so once.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from layerwatch.capture.errors import LayerwatchError
 
@@ -22,11 +29,18 @@ from .records import PairResult, TensorRecord, Verdict
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
 
-SMALL_BATCH = 64
-"""Small pairs per pool task."""
 MIN_SMALL_FOR_POOL = 256
-"""Fewer small pairs than this (and no big ones) are compared inline."""
+"""Fewer small pairs than this (and fewer than two big ones) are compared inline."""
+PROGRESS_EVERY = 64
+"""Inline pairs per progress report."""
+PAIR_COST = 50e-6
+"""Estimated seconds per pair on the streaming path (calls, reads, verdict)."""
+SMALL_PAIR_COST = 15e-6
+"""... and per pair measured in a batch of small pairs."""
+BYTE_COST = 0.8e-9
+"""... plus per byte of golden + target payload (≈ 4 ns per fp32/bf16 element pair)."""
 
+T = TypeVar("T")
 CompareFn = Callable[..., PairResult]
 """``compare(golden, target, thresholds, *, is_logits=False) -> PairResult`` (picklable)."""
 
@@ -58,8 +72,24 @@ def run_one(compare: CompareFn, thresholds: object, work: Work) -> PairResult:
 
 
 def run_many(compare: CompareFn, thresholds: object, works: list[Work]) -> list[PairResult]:
-    """One pool task: several pairs, results in order."""
+    """Several pairs, results in order; small pairs a batch at a time when ``compare`` is the
+    engine's ``compare_pair`` (same results). A failure of the batch falls back to one by one."""
+    from .compare import compare_pair, compare_pairs
+
+    if compare is compare_pair and len(works) > 1:
+        try:
+            return compare_pairs([(w.golden, w.target, w.is_logits) for w in works], thresholds)  # type: ignore[arg-type]
+        except Exception:  # a bug in the batch path must not cost the pairs: one by one
+            pass
     return [run_one(compare, thresholds, w) for w in works]
+
+
+def pool_task(compare: CompareFn, thresholds: object, works: list[Work]) -> list[PairResult]:
+    """A worker's share: results without their records (the caller has them; saves pickling)."""
+    results = run_many(compare, thresholds, works)
+    for result in results:
+        result.golden = result.target = None
+    return results
 
 
 def rejudge(work: Work, base: PairResult, thresholds: object) -> PairResult:
@@ -110,28 +140,29 @@ class JobRunner:
         self.thresholds = thresholds
         self.jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
         self.big_bytes = big_bytes
+        self.notes: list[str] = []
+        """One-line notes for the user (the pool could not start...); the caller drains them."""
         self._pool: Executor | None = None
+        self._pool_failed = False
 
     def plan(self, work: Sequence[Work]) -> tuple[list[list[int]], list[int]]:
-        """(pool tasks, indices compared inline). Big pairs go to the pool one per task, largest
-        first, and the small ones run inline meanwhile; with no big pairs but many small ones,
-        the small ones go to the pool in batches; otherwise everything runs inline."""
+        """(pool tasks, indices compared inline): ``jobs`` shares of about equal estimated
+        cost (largest pairs first, each onto the lightest share), the first one inline; or
+        everything inline when there is too little work for the pool to pay."""
         everything = list(range(len(work)))
-        if self.jobs <= 1:
+        if self.jobs <= 1 or self._pool_failed:
             return [], everything
-        big = sorted(
-            (i for i, w in enumerate(work) if w.nbytes >= self.big_bytes),
-            key=lambda i: -work[i].nbytes,
-        )
-        small = [i for i, w in enumerate(work) if w.nbytes < self.big_bytes]
-        if len(big) >= 2:
-            return [[i] for i in big], small
-        if len(small) >= MIN_SMALL_FOR_POOL:
-            size = max(1, min(SMALL_BATCH, -(-len(small) // (4 * self.jobs))))
-            return [[i] for i in big] + [
-                small[k : k + size] for k in range(0, len(small), size)
-            ], []
-        return [], everything
+        big = sum(1 for w in work if w.nbytes >= self.big_bytes)
+        if big < 2 and len(work) - big < MIN_SMALL_FOR_POOL:
+            return [], everything
+        costs = [_cost(w) for w in work]
+        shares: list[list[int]] = [[] for _ in range(self.jobs)]
+        loads = [0.0] * self.jobs
+        for i in sorted(everything, key=lambda i: -costs[i]):
+            k = loads.index(min(loads))
+            shares[k].append(i)
+            loads[k] += costs[i]
+        return [sorted(s) for s in shares[1:] if s], sorted(shares[0])
 
     def run(
         self, work: Sequence[Work], progress: Callable[[int, int], None] | None = None
@@ -141,17 +172,21 @@ class JobRunner:
         tasks, inline = self.plan(work)
         results: list[PairResult | None] = [None] * total
         futures: dict[Future[list[PairResult]], list[int]] = {}
-        if tasks:
-            pool = self.pool()
-            for task in tasks:
-                futures[
-                    pool.submit(run_many, self.compare, self.thresholds, [work[i] for i in task])
-                ] = task
+        for task in tasks:
+            future = self.submit(pool_task, self.compare, self.thresholds, [work[i] for i in task])
+            if future is None:  # no pool: this share is compared here too
+                inline = sorted(inline + task)
+            else:
+                futures[future] = task
         done = 0
-        for i in inline:
-            results[i] = run_one(self.compare, self.thresholds, work[i])
-            done += 1
-            if progress is not None and (done % 64 == 0 or done == total):
+        for start in range(0, len(inline), PROGRESS_EVERY):
+            part = inline[start : start + PROGRESS_EVERY]
+            for i, result in zip(
+                part, run_many(self.compare, self.thresholds, [work[i] for i in part]), strict=True
+            ):
+                results[i] = result
+            done += len(part)
+            if progress is not None:
                 progress(done, total)
         if futures:
             from concurrent.futures import as_completed
@@ -160,6 +195,7 @@ class JobRunner:
                 task = futures[future]
                 try:
                     for i, result in zip(task, future.result(), strict=True):
+                        result.golden, result.target = work[i].golden, work[i].target
                         results[i] = result
                 except Exception as exc:  # a worker died (out of memory...): report it on the pairs
                     message = f"compare worker failed: {type(exc).__name__}: {exc}".splitlines()[0]
@@ -170,8 +206,24 @@ class JobRunner:
                     progress(done, total)
         return [r for r in results if r is not None]
 
+    def submit(self, fn: Callable[..., T], *args: object) -> Future[T] | None:
+        """``fn(*args)`` in a worker process, or ``None`` when no pool can start (then the
+        caller runs it itself; a note says why, once)."""
+        if self._pool_failed:
+            return None
+        try:
+            return self.pool().submit(fn, *args)
+        except Exception as exc:  # ValueError (fds_to_keep), OSError, BrokenProcessPool...
+            self._pool_failed = True
+            self.close()
+            first = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self.notes.append(f"no worker processes ({first}); compared in this process")
+            return None
+
     def pool(self) -> Executor:
-        """The worker processes (started on first use; also used to read dumps in parallel)."""
+        """The worker processes (started on first use; also used to read dumps in parallel).
+
+        ``jobs − 1`` workers: this process takes a share of every run itself."""
         if self._pool is None:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
@@ -181,7 +233,7 @@ class JobRunner:
                 "fork" if threading.active_count() == 1 and hasattr(os, "fork") else "forkserver"
             )
             self._pool = ProcessPoolExecutor(
-                self.jobs, mp_context=multiprocessing.get_context(method)
+                max(1, self.jobs - 1), mp_context=multiprocessing.get_context(method)
             )
         return self._pool
 
@@ -189,3 +241,13 @@ class JobRunner:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _cost(work: Work) -> float:
+    """Estimated seconds to compare one pair (for balancing shares)."""
+    from .segments import SMALL
+
+    golden = work.golden
+    size = math.prod(golden.shape) if golden.loc is not None else 0
+    per_pair = SMALL_PAIR_COST if 0 < size <= SMALL and not work.is_logits else PAIR_COST
+    return per_pair + BYTE_COST * work.nbytes

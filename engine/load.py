@@ -238,11 +238,19 @@ def load_array(loc: Locator, *, as_float: bool = False) -> np.ndarray:
     return _decode(np.ascontiguousarray(view), dt, as_float)
 
 
-def iter_chunks(loc: Locator, max_elems: int, *, as_float: bool = False) -> Iterator[np.ndarray]:
+def iter_chunks(
+    loc: Locator, max_elems: int, *, as_float: bool = False, reuse: bool = False
+) -> Iterator[np.ndarray]:
     """The tensor's elements in C order as consecutive 1-D chunks of at most ``max_elems``.
 
     Contiguous tensors are read piecewise with ``np.fromfile``; strided views and NZ blocks go
     through a read-only memory map, so only about one chunk at a time is in memory.
+
+    ``reuse=True`` (streaming consumers that are done with a chunk before asking for the next,
+    like the metric pass): contiguous tensors are read into one buffer per iterator, refilled
+    for every chunk (``readinto``), and bf16/fp8 are decoded into a second one. A cache-sized
+    buffer that is refilled in place costs no allocation, no page faults and no trip through
+    main memory; a fresh ``np.fromfile`` array per chunk costs all three.
     """
     if max_elems <= 0:
         raise ValueError("max_elems must be positive")
@@ -252,6 +260,9 @@ def iter_chunks(loc: Locator, max_elems: int, *, as_float: bool = False) -> Iter
     strides = tuple(int(s) for s in loc.strides) if loc.strides is not None else None
     total = math.prod(shape)
     if loc.layout == "" and _is_contiguous(shape, strides):
+        if reuse and total:
+            yield from _reused_chunks(loc, total, max_elems, dt, sdt, as_float)
+            return
         for start in range(0, total, max_elems):
             count = min(max_elems, total - start)
             yield _decode(_read(loc, loc.elem_offset + start, count, sdt), dt, as_float)
@@ -274,6 +285,87 @@ def iter_chunks(loc: Locator, max_elems: int, *, as_float: bool = False) -> Iter
         pieces = (np.ascontiguousarray(p).reshape(-1) for p in _pieces(view, max_elems))
     for chunk in _rechunk(pieces, max_elems):
         yield _decode(chunk, dt, as_float)
+
+
+def _reused_chunks(
+    loc: Locator, total: int, max_elems: int, dt: str, sdt: np.dtype, as_float: bool
+) -> Iterator[np.ndarray]:
+    """Contiguous payload in chunks read into (and decoded in) buffers owned by this iterator."""
+    size = min(total, max_elems)
+    raw = np.empty(size, sdt)
+    wide = np.empty(size, np.uint32) if dt == "bfloat16" else None
+    table = _FP8.get(dt)
+    decoded = np.empty(size, np.float32) if table is not None else None
+    view = memoryview(raw).cast("B")
+    item = sdt.itemsize
+    try:
+        fh = open(loc.path, "rb", buffering=0)  # noqa: SIM115 (closed in finally, generator)
+    except FileNotFoundError:
+        raise LayerwatchError(f"{loc.path}: file not found") from None
+    except OSError as exc:
+        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+    try:
+        fh.seek(loc.offset + loc.elem_offset * item)
+        for start in range(0, total, max_elems):
+            count = min(max_elems, total - start)
+            want = count * item
+            got = 0
+            while got < want:
+                try:
+                    n = fh.readinto(view[got:want])
+                except OSError as exc:
+                    raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+                if not n:
+                    need = loc.offset + (loc.elem_offset + start + count) * item
+                    raise LayerwatchError(
+                        f"{loc.path}: truncated (needs {need} bytes, the tensor is cut short)"
+                    )
+                got += n
+            chunk = raw[:count]
+            if wide is not None:
+                out = wide[:count]
+                np.copyto(out, chunk)
+                out <<= 16
+                yield out.view(np.float32)
+            elif table is not None and decoded is not None:
+                yield np.take(table, chunk, out=decoded[:count])
+            else:
+                yield _decode(chunk, dt, as_float)
+    finally:
+        fh.close()
+
+
+def load_flat(loc: Locator) -> np.ndarray:
+    """The tensor's elements in C order, 1-D, decoded like :func:`load_array` — with the fewest
+    system calls for a small contiguous payload (``open``/``pread``/``close``, no file object)."""
+    dt = canonical_dtype(loc.dtype)
+    shape = tuple(int(d) for d in loc.shape)
+    if loc.layout or not _is_contiguous(shape, loc.strides and tuple(loc.strides)):
+        return load_array(loc).reshape(-1)
+    sdt = storage_dtype(dt)
+    count = math.prod(shape)
+    want = count * sdt.itemsize
+    start = loc.offset + loc.elem_offset * sdt.itemsize
+    try:
+        fd = os.open(loc.path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise LayerwatchError(f"{loc.path}: file not found") from None
+    except OSError as exc:
+        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+    try:
+        data = os.pread(fd, want, start) if want else b""
+        while len(data) < want:  # a short read before the end of the file: keep reading
+            more = os.pread(fd, want - len(data), start + len(data))
+            if not more:
+                raise LayerwatchError(
+                    f"{loc.path}: truncated (needs {start + want} bytes, the tensor is cut short)"
+                )
+            data += more
+    except OSError as exc:
+        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+    finally:
+        os.close(fd)
+    return _decode(np.frombuffer(data, sdt), dt, False)
 
 
 def _rechunk(pieces: Iterator[np.ndarray], max_elems: int) -> Iterator[np.ndarray]:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from layerwatch.capture.errors import LayerwatchError
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from .readers import ReaderUpdate
 
 EXIT_OK = 0
@@ -61,6 +63,18 @@ def read_dump(path: str, side: str) -> ReaderUpdate:
     return open_dump(path, side=side).poll(None)
 
 
+def _result_or_none(future: Future[ReaderUpdate] | None) -> ReaderUpdate | None:
+    """A worker's dump, or ``None`` when the worker died (the caller reads it itself)."""
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except LayerwatchError:
+        raise
+    except Exception:  # BrokenProcessPool...: the dump is read here instead
+        return None
+
+
 def compare_main(args: argparse.Namespace) -> int:
     from layerwatch.capture.tokens import parse_tokens
 
@@ -88,12 +102,14 @@ def compare_main(args: argparse.Namespace) -> int:
         auto_map=True if getattr(args, "auto_map", False) else None,
     )
     try:
-        if session.runner.jobs > 1:
-            # Parse the two dumps in parallel: the golden one in a worker process.
-            golden = session.runner.pool().submit(read_dump, args.golden, "golden")
-            updates = {"target": readers["target"].poll(None), "golden": golden.result()}
-        else:
-            updates = {side: reader.poll(None) for side, reader in readers.items()}
+        # With jobs > 1, parse the two dumps in parallel: the golden one in a worker process.
+        golden = (
+            session.runner.submit(read_dump, args.golden, "golden")
+            if session.runner.jobs > 1
+            else None
+        )
+        updates = {"target": readers["target"].poll(None)}
+        updates["golden"] = _result_or_none(golden) or readers["golden"].poll(None)
         for side in ("golden", "target"):
             session.add_update(side, updates[side])
             session.finish(side)

@@ -148,6 +148,8 @@ class CompareSession(SessionState):
                 report = lambda done, total: progress(done + extra * (done == total), total + extra)  # noqa: E731
             results = self.runner.run(work, report) if work else []
             with self._lock:
+                while self.runner.notes:  # the pool could not start: compared inline
+                    self._note(self.runner.notes.pop(0))
                 for source, item, result in zip(sources, work, results, strict=True):
                     same = _payload_key(item)
                     if same is not None:

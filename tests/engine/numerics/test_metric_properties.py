@@ -149,3 +149,39 @@ def test_chunking_never_changes_the_result(n, seed, step) -> None:
     for start in range(0, n, step):
         many.update(golden[start : start + step], target[start : start + step])
     assert_close(many.result(), one.result())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["close", "scaled", "negated", "zero_t"]), st.integers(-30, 30)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([3, 16, 64]),
+)
+def test_cosine_when_blocks_mix_close_and_far_parts(parts, seed, block) -> None:
+    """g·t is derived from the squared norms only in blocks whose vectors are close; blocks of
+    wildly different scales (masks 30 orders apart) still give the plain quotient's cosine."""
+    rng = np.random.default_rng(seed)
+    gs, ts = [], []
+    for kind, exp in parts:
+        g = rng.standard_normal(block) * 10.0**exp
+        if kind == "close":
+            t = g * (1 + rng.standard_normal(block) * 1e-3)
+        elif kind == "scaled":
+            t = g * 10.0 ** rng.integers(-15, 16)
+        elif kind == "negated":
+            t = -g
+        else:
+            t = np.zeros(block)
+        gs.append(g)
+        ts.append(t)
+    golden, target = np.concatenate(gs), np.concatenate(ts)
+    acc = MetricAccumulator(FLOOR, block=block)
+    acc.update(golden, target)
+    got, want = acc.result(), reference(golden, target, FLOOR)
+    assert math.isclose(got[COSINE], want[COSINE], rel_tol=0, abs_tol=1e-12), (got, want)
+    for name in (RED, NORM_REL, MAX_ABS, MEAN_ABS, MAX_REL, MEAN_REL):
+        assert math.isclose(got[name], want[name], rel_tol=1e-9, abs_tol=1e-12), name

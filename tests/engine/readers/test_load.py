@@ -231,6 +231,56 @@ def test_iter_chunks_reads_a_large_tensor_piecewise(tmp_path: Path) -> None:
     assert total == n
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from([*sorted(NUMPY_DTYPES), "bfloat16", "float8_e4m3fn", "float8_e5m2"]),
+    n=st.integers(0, 40),
+    step=st.integers(1, 17),
+    prefix=st.integers(0, 9),
+    as_float=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_reused_chunks_equal_fresh_chunks(
+    tmp_path_factory: pytest.TempPathFactory,
+    dtype: str,
+    n: int,
+    step: int,
+    prefix: int,
+    as_float: bool,
+    seed: int,
+) -> None:
+    """``reuse=True`` refills one buffer per iterator: same values, same dtype, chunk by chunk."""
+    size = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(dtype)
+    size = size or np.dtype(NUMPY_DTYPES[dtype]).itemsize
+    raw = np.random.default_rng(seed).integers(0, 256, size=n * size, dtype=np.uint8)
+    if dtype == "bool":
+        raw %= 2
+    path = tmp_path_factory.mktemp("re") / "t.bin"
+    loc = _loc(_write(path, raw.tobytes(), prefix), dtype, (n,))
+    fresh = list(iter_chunks(loc, step, as_float=as_float))
+    reused = []
+    for chunk in iter_chunks(loc, step, as_float=as_float, reuse=True):
+        assert 0 < chunk.size <= step
+        reused.append(chunk.copy())  # the next chunk overwrites this one
+    assert len(reused) == len(fresh)
+    for a, b in zip(fresh, reused, strict=True):
+        assert a.dtype == b.dtype
+        assert a.tobytes() == b.tobytes()  # bit-exact, NaN payloads too
+
+
+def test_reused_chunks_of_a_truncated_file_are_a_one_line_error(tmp_path: Path) -> None:
+    data = np.arange(100, dtype=np.float32)
+    path = tmp_path / "t.bin"
+    path.write_bytes(data.tobytes()[:-3])
+    loc = Locator(str(path), 0, 400, "float32", (100,))
+    with pytest.raises(LayerwatchError, match="truncated") as err:
+        list(iter_chunks(loc, 30, reuse=True))
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+    missing = Locator(str(tmp_path / "nope.bin"), 0, 4, "float32", (1,))
+    with pytest.raises(LayerwatchError, match="not found"):
+        list(iter_chunks(missing, 30, reuse=True))
+
+
 def test_canonical_dtype_names() -> None:
     assert canonical_dtype("torch.float32") == "float32"
     assert canonical_dtype("BF16") == "bfloat16"

@@ -1,0 +1,113 @@
+"""Metrics of many small pairs at once: one concatenation, segment reductions, same results.
+
+A small pair (≤ :data:`SMALL` elements) costs ~0.1 ms of Python and numpy call overhead in the
+streaming accumulator — more than its arithmetic. Here a batch of small pairs is concatenated
+into two float64 arrays and every sum and maximum is a segment reduction (``np.add.reduceat``,
+``np.maximum.reduceat``), so the overhead is paid once per batch.
+
+Every small pair is measured by this code, alone or in a batch: a segment's reduction depends
+only on that segment's values (``reduceat`` reduces each segment on its own), so a pair's
+metrics are bit-identical whichever batch it lands in (``tests/engine/numerics/test_segments.py``
+holds that). Definitions are those of :mod:`.metrics` (float64 accumulation, finite positions
+only, NaN/Inf counted and their positions compared); g·t is its own product here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .metrics import MetricAccumulator
+
+SMALL = 1 << 15
+"""Pairs with at most this many elements are measured here (break-even with the streaming
+accumulator's per-call overhead is ~3·10⁴ elements)."""
+BATCH = 1 << 19
+"""Elements per batch: bounds the float64 work arrays (4 MiB each)."""
+
+
+def small_metrics(
+    pairs: Sequence[tuple[np.ndarray, np.ndarray]], rel_floor: float
+) -> list[dict[str, float]]:
+    """Metrics of each (golden, target) pair of equal-length 1-D float arrays.
+
+    The caller bounds the batch (:data:`BATCH` elements in all is a good size).
+    """
+    accs = [MetricAccumulator(rel_floor) for _ in pairs]
+    live = [i for i, (g, _) in enumerate(pairs) if g.size]
+    for i in live:
+        g, t = pairs[i]
+        if g.size != t.size:
+            raise ValueError(f"chunk sizes differ: {g.size} vs {t.size}")
+        accs[i].n = g.size
+    if live:
+        redo = _fill(accs, live, [pairs[i][0] for i in live], [pairs[i][1] for i in live])
+        for i in redo:  # a NaN/Inf (or a float64 overflow) inside: count, then the finite part
+            acc = accs[i] = MetricAccumulator(rel_floor)
+            g, t = pairs[i]
+            acc.n = g.size
+            both = acc.count_nonfinite(g, t)
+            if both.any():
+                _fill([acc], [0], [g[both]], [t[both]], checked=True)
+    return [acc.result() for acc in accs]
+
+
+def _fill(
+    accs: list[MetricAccumulator],
+    which: list[int],
+    gs: list[np.ndarray],
+    ts: list[np.ndarray],
+    *,
+    checked: bool = False,
+) -> list[int]:
+    """Set the sums of ``accs[which[k]]`` from segment k; return the indices whose squared norms
+    are not finite (their sums are left unset for the caller to redo)."""
+    lens = np.fromiter((g.size for g in gs), dtype=np.intp, count=len(gs))
+    starts = np.zeros(len(gs), dtype=np.intp)
+    np.cumsum(lens[:-1], out=starts[1:])
+    g = np.concatenate(gs, dtype=np.float64)
+    t = np.concatenate(ts, dtype=np.float64)
+    with np.errstate(all="ignore"):  # segments with NaN/Inf are redone by the caller
+        sums = _segment_sums(g, t, starts, accs[which[0]].rel_floor)
+    redo = []
+    columns = zip(lens.tolist(), *(x.tolist() for x in sums), strict=True)
+    for k, (n, is_bad, *values) in enumerate(columns):
+        if is_bad and not checked:
+            redo.append(which[k])
+            continue
+        acc = accs[which[k]]
+        acc.n_finite = n
+        (acc.gg, acc.tt, acc.gt, acc.dd, acc.max_abs, acc.sum_abs) = values[:6]
+        (acc.max_rel, acc.sum_rel, acc.c1, acc.c5) = values[6:]
+    return redo
+
+
+def _segment_sums(
+    g: np.ndarray, t: np.ndarray, starts: np.ndarray, floor: float
+) -> tuple[np.ndarray, ...]:
+    """Per segment: (not finite, ‖g‖², ‖t‖², g·t, ‖d‖², max|d|, Σ|d|, max rel, Σ rel, #rel<1e-3,
+    #rel<5e-3). Overwrites ``g`` and ``t``."""
+    sq = g * g
+    gg = np.add.reduceat(sq, starts)
+    np.multiply(t, t, out=sq)
+    tt = np.add.reduceat(sq, starts)
+    bad = ~(np.isfinite(gg) & np.isfinite(tt))
+    np.multiply(g, t, out=sq)
+    gt = np.add.reduceat(sq, starts)
+    d = np.subtract(t, g, out=t)
+    np.multiply(d, d, out=sq)
+    dd = np.add.reduceat(sq, starts)
+    np.abs(d, out=d)
+    max_abs = np.maximum.reduceat(d, starts)
+    sum_abs = np.add.reduceat(d, starts)
+    np.abs(g, out=g)
+    np.maximum(g, floor, out=g)
+    rel = np.divide(d, g, out=g)
+    max_rel = np.maximum.reduceat(rel, starts)
+    sum_rel = np.add.reduceat(rel, starts)
+    below = np.less(rel, 1e-3)
+    c1 = np.add.reduceat(below, starts, dtype=np.int64)
+    np.less(rel, 5e-3, out=below)
+    c5 = np.add.reduceat(below, starts, dtype=np.int64)
+    return bad, gg, tt, gt, dd, max_abs, sum_abs, max_rel, sum_rel, c1, c5

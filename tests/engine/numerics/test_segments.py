@@ -1,0 +1,108 @@
+"""Small pairs measured together (segment reductions) give exactly what each gives alone."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from layerwatch.engine.compare import compare_pair, compare_pairs
+from layerwatch.engine.metrics import MetricAccumulator
+from layerwatch.engine.records import COSINE, NORM_REL, Locator, TensorKey, TensorRecord, Verdict
+from layerwatch.engine.segments import SMALL, small_metrics
+from layerwatch.engine.thresholds import Thresholds
+
+FLOOR = 2.0**-10
+TH = Thresholds.default()
+
+
+@st.composite
+def small_pair(draw) -> tuple[np.ndarray, np.ndarray]:
+    n = draw(st.integers(0, 300))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.float16]))
+    golden = (rng.standard_normal(n) * 10.0 ** draw(st.integers(-6, 4))).astype(dtype)
+    mode = draw(st.sampled_from(["noise", "same", "zero_golden", "scaled", "negated"]))
+    if mode == "noise":
+        target = (golden * (1 + rng.standard_normal(n) * 1e-3)).astype(dtype)
+    elif mode == "same":
+        target = golden.copy()
+    elif mode == "zero_golden":
+        target, golden = golden.copy(), np.zeros_like(golden)
+    elif mode == "scaled":
+        with np.errstate(over="ignore"):  # fp16 × 2 may overflow to inf: a case like any other
+            target = golden * 2
+    else:
+        target = -golden
+    if n and draw(st.booleans()):
+        side = draw(st.sampled_from([golden, target]))
+        side[rng.integers(0, n, size=2)] = rng.choice([np.nan, np.inf, -np.inf], size=2)
+    return golden, target
+
+
+def _same(a: dict[str, float], b: dict[str, float]) -> bool:
+    """Bit-identical metric dicts (NaN equal to NaN)."""
+    return a.keys() == b.keys() and all(
+        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(small_pair(), min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_a_batch_gives_each_pair_what_it_gets_alone(pairs, shuffler) -> None:
+    alone = [small_metrics([p], FLOOR)[0] for p in pairs]
+    order = list(range(len(pairs)))
+    shuffler.shuffle(order)
+    batched = small_metrics([pairs[i] for i in order], FLOOR)
+    for i, got in zip(order, batched, strict=True):
+        assert _same(got, alone[i]), (i, got, alone[i])
+
+
+@settings(max_examples=120, deadline=None)
+@given(small_pair())
+def test_segments_agree_with_the_streaming_accumulator(pair) -> None:
+    """Same definitions as the (reference-tested) streaming pass, to float64 rounding."""
+    golden, target = pair
+    acc = MetricAccumulator(FLOOR)
+    acc.update(golden, target)
+    want = acc.result()
+    got = small_metrics([pair], FLOOR)[0]
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        tol = {"abs_tol": 1e-12} if name in (COSINE, NORM_REL) else {"rel_tol": 1e-12}
+        assert got[name] == value or math.isclose(got[name], value, **tol), (name, got, want)
+
+
+def _record(path: Path, array: np.ndarray, node: str) -> TensorRecord:
+    path.write_bytes(b"\0" * 5 + array.tobytes())
+    loc = Locator(str(path), 5, array.nbytes, array.dtype.name, array.shape)
+    return TensorRecord(TensorKey(0, node, "output"), array.dtype.name, array.shape, loc)
+
+
+def test_compare_pairs_on_files_equals_compare_pair_one_at_a_time(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    items = []
+    for i, n in enumerate([1, 7, 300, SMALL, SMALL + 1, 5000]):
+        g = rng.standard_normal(n).astype(np.float32)
+        t = (g * (1 + rng.standard_normal(n) * (1e-2 if i % 2 else 1e-7))).astype(np.float16)
+        items.append(
+            (
+                _record(tmp_path / f"g{i}", g, f"n{i}"),
+                _record(tmp_path / f"t{i}", t, f"n{i}"),
+                False,
+            )
+        )
+    truncated = _record(tmp_path / "gx", np.ones(64, np.float32), "nx")
+    (tmp_path / "gx").write_bytes(b"\0" * 20)
+    items.insert(2, (truncated, items[0][1], False))  # shape mismatch: an ERROR like alone
+    items.insert(3, (truncated, _record(tmp_path / "tx", np.ones(64, np.float32), "nx"), False))
+    batched = compare_pairs(items, TH)
+    for (g, t, logits), got in zip(items, batched, strict=True):
+        want = compare_pair(g, t, TH, is_logits=logits)
+        assert (got.verdict, got.failed, got.reason) == (want.verdict, want.failed, want.reason)
+        assert _same(got.metrics, want.metrics)
+        assert got.golden is g and got.target is t
+    assert batched[3].verdict is Verdict.ERROR and "truncated" in batched[3].reason
+    assert {r.verdict for i, r in enumerate(batched) if i not in (2, 3)} >= {Verdict.PASS}
