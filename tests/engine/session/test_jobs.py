@@ -1,0 +1,100 @@
+"""engine.jobs: shares per process, results independent of --jobs, a pool that cannot start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from layerwatch.engine.jobs import JobRunner, Work
+from layerwatch.engine.records import COSINE, TensorKey, TensorRecord
+from support.toy_model import ToyRun
+
+
+def _works(golden: ToyRun, target: ToyRun) -> list[Work]:
+    by_key = {r.key: r for r in target.records}
+    return [Work(r, by_key[r.key], False) for r in golden.records if r.key in by_key]
+
+
+def test_shares_cover_every_pair_once_balanced_by_cost(toy_runs: dict[str, ToyRun]) -> None:
+    work = _works(toy_runs["golden"], toy_runs["faulty"])
+    runner = JobRunner(lambda *a, **k: None, None, jobs=3, big_bytes=1 << 40)
+    tasks, inline = runner.plan(work)
+    assert len(work) >= 256 and len(tasks) == 2
+    shares = [inline, *tasks]
+    assert sorted(i for s in shares for i in s) == list(range(len(work)))
+    sizes = [sum(work[i].nbytes for i in s) for s in shares]
+    assert max(sizes) < 1.5 * min(sizes)
+    few = JobRunner(lambda *a, **k: None, None, jobs=3).plan(work[:10])
+    assert few == ([], list(range(10)))  # too little work for a pool
+
+
+def _key_metrics(results: list) -> list[tuple[TensorKey, str, dict[str, float]]]:
+    return [(r.key, r.verdict.value, r.metrics) for r in results]
+
+
+def test_results_do_not_depend_on_jobs(toy_runs: dict[str, ToyRun]) -> None:
+    from layerwatch.engine.compare import compare_pair
+    from layerwatch.engine.thresholds import Thresholds
+
+    work = _works(toy_runs["golden"], toy_runs["faulty"])
+    th = Thresholds.default()
+    one = JobRunner(compare_pair, th, jobs=1).run(work)
+    runner = JobRunner(compare_pair, th, jobs=2, big_bytes=1 << 40)
+    try:
+        two = runner.run(work)
+        assert runner._pool is not None  # a share really went to a worker
+    finally:
+        runner.close()
+    assert _key_metrics(two) == _key_metrics(one)  # bit-identical metrics
+    assert all(isinstance(r.golden, TensorRecord) for r in two)  # records re-attached
+    assert any(r.metrics[COSINE] < 0.999 for r in two)
+
+
+SWAPPED_STDERR = """
+import io, json, pathlib, sys, threading
+from layerwatch.engine.session import CompareSession
+from support.toy_model import ToyModel
+
+class Swapped(io.StringIO):  # what Textual puts in sys.stderr while the app runs
+    def fileno(self):
+        return -1
+
+toy = ToyModel()
+base = pathlib.Path(sys.argv[1])
+golden, target = toy.run(base / "g"), toy.run(base / "t")
+stop = threading.Event()
+threading.Thread(target=stop.wait).start()  # another thread: the pool would use forkserver
+sys.stderr = Swapped()
+session = CompareSession(jobs=2)
+for side, run in (("golden", golden), ("target", target)):
+    session.add_update(side, run.update())
+    session.finish(side)
+session.flush()
+session.close()
+stop.set()
+print(json.dumps({"pairs": session.summary.pairs, "pass": session.summary.passed,
+                  "notes": session.notes, "pool": session.runner._pool is not None}))
+"""
+
+
+def test_a_pool_that_cannot_start_compares_inline_with_a_note(tmp_path: Path) -> None:
+    """The real failure: forkserver/resource tracker refuse a stderr whose fileno() is -1."""
+    script = tmp_path / "swapped.py"
+    script.write_text(textwrap.dedent(SWAPPED_STDERR))
+    tests = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(tests), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["pairs"] >= 256 and report["pass"] == report["pairs"]
+    notes = [n for n in report["notes"] if "no worker processes" in n]
+    assert len(notes) == 1 and "\n" not in notes[0], report["notes"]
+    assert not report["pool"]
