@@ -31,8 +31,6 @@ _SMALL = 1 << 16
 """Files up to this size are read in one go; larger ones read their tail and headers only."""
 _EOCD = b"PK\x05\x06"
 _EOCD64_LOC = b"PK\x06\x07"
-_CD = struct.Struct("<4sHHHHHHIIIHHHHHII")
-_LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _EOCD_S = struct.Struct("<4sHHHHIIH")
 
 
@@ -45,15 +43,15 @@ class PthRefused(LayerwatchError):
 
 
 # --- zip directory ---------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class _Member:
-    name: str
-    data_offset: int
-    size: int
+_CD_FIELDS = struct.Struct("<4s6xH8xIIHHH8xI")
+"""Of a central-directory record: signature, method, compressed and uncompressed size, name,
+extra and comment lengths, local header offset (46 bytes; the rest is skipped)."""
+_LOCAL_LENS = struct.Struct("<4s22xHH")
+"""Of a local header: signature, name and extra lengths (30 bytes)."""
 
 
-def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, _Member]:
-    """Stored members of a zip, by name, with absolute data offsets (raises PthIncomplete)."""
+def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, tuple[int, int]]:
+    """Stored members of a zip: name → (local header offset, size) (raises PthIncomplete)."""
     tail = head if len(head) == size else os.pread(fd, min(size, _SMALL), max(0, size - _SMALL))
     tail_start = size - len(tail)
     pos = tail.rfind(_EOCD)
@@ -70,23 +68,27 @@ def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, _Member]:
     if cd_offset + cd_size > size:
         raise PthIncomplete(f"{path}: zip directory points past the end of the file")
     cd = _pread(fd, cd_offset, cd_size, tail, tail_start)
-    out: dict[str, _Member] = {}
+    out: dict[str, tuple[int, int]] = {}
     at = 0
-    unpack = _CD.unpack_from
-    for _ in range(count):
-        fields = unpack(cd, at)
-        if fields[0] != b"PK\x01\x02":
-            raise LayerwatchError(f"{path}: corrupt zip directory")
-        csize, name_len, extra_len, lho = fields[8], fields[10], fields[11], fields[16]
-        start = at + 46
-        name = cd[start : start + name_len].decode("utf-8", "replace")
-        if csize == 0xFFFFFFFF or lho == 0xFFFFFFFF:
-            extra = cd[start + name_len : start + name_len + extra_len]
-            csize, lho = _zip64_extra(extra, fields[9], csize, lho)
-        at = start + name_len + extra_len + fields[12]
-        if fields[4] != 0:
-            raise LayerwatchError(f"{path}: compressed zip member {name} (not a torch.save file)")
-        out[name] = _Member(name, lho, csize)  # data offset resolved lazily from the local header
+    unpack = _CD_FIELDS.unpack_from
+    try:
+        for _ in range(count):
+            sig, method, csize, usize, name_len, extra_len, comment_len, lho = unpack(cd, at)
+            if sig != b"PK\x01\x02":
+                raise LayerwatchError(f"{path}: corrupt zip directory")
+            start = at + 46
+            name = cd[start : start + name_len].decode("utf-8", "replace")
+            if csize == 0xFFFFFFFF or lho == 0xFFFFFFFF:
+                extra = cd[start + name_len : start + name_len + extra_len]
+                csize, lho = _zip64_extra(extra, usize, csize, lho)
+            at = start + name_len + extra_len + comment_len
+            if method != 0:
+                raise LayerwatchError(
+                    f"{path}: compressed zip member {name} (not a torch.save file)"
+                )
+            out[name] = (lho, csize)  # data offset resolved lazily from the local header
+    except struct.error:
+        raise LayerwatchError(f"{path}: corrupt zip directory") from None
     return out
 
 
@@ -114,14 +116,19 @@ def _pread(fd: int, offset: int, length: int, buf: bytes, buf_start: int) -> byt
     return os.pread(fd, length, offset)
 
 
-def _data_offset(path: str, fd: int, member: _Member, head: bytes, size: int) -> int:
-    local = _pread(fd, member.data_offset, _LOCAL.size, head, 0)
-    if len(local) < _LOCAL.size or local[:4] != b"PK\x03\x04":
-        raise LayerwatchError(f"{path}: corrupt zip member {member.name}")
-    fields = _LOCAL.unpack(local)
-    start = member.data_offset + _LOCAL.size + fields[9] + fields[10]
-    if start + member.size > size:
-        raise PthIncomplete(f"{path}: member {member.name} runs past the end of the file")
+def _data_offset(
+    path: str, fd: int, name: str, member: tuple[int, int], head: bytes, size: int
+) -> int:
+    lho, length = member
+    local = _pread(fd, lho, 30, head, 0)
+    if len(local) < 30:
+        raise LayerwatchError(f"{path}: corrupt zip member {name}")
+    sig, name_len, extra_len = _LOCAL_LENS.unpack(local)
+    if sig != b"PK\x03\x04":
+        raise LayerwatchError(f"{path}: corrupt zip member {name}")
+    start = lho + 30 + name_len + extra_len
+    if start + length > size:
+        raise PthIncomplete(f"{path}: member {name} runs past the end of the file")
     return start
 
 
@@ -247,8 +254,38 @@ class _TensorUnpickler(pickle.Unpickler):
         return _Storage(stype.dtype, str(key), int(numel))
 
 
+_FACTS: dict[bytes, tuple[TensorSpec, tuple[int, ...] | None, int]] = {}
+"""(spec, strides unless contiguous, bytes the view spans) by ``data.pkl`` bytes: a dump's
+tensors share a few dozen distinct pickles (same dtype, shape, storage key), and all of this is
+a pure function of the bytes."""
+
+
 def parse_tensor_pickle(data: bytes) -> TensorSpec:
     """The tensor described by a ``data.pkl`` (raises PthRefused for anything else)."""
+    return _facts(data)[0]
+
+
+def _facts(data: bytes) -> tuple[TensorSpec, tuple[int, ...] | None, int]:
+    facts = _FACTS.get(data)
+    if facts is None:
+        spec = _parse_tensor_pickle(data)
+        numel_needed = 0
+        if all(d > 0 for d in spec.shape):
+            numel_needed = (
+                spec.storage_offset
+                + 1
+                + sum((d - 1) * s for d, s in zip(spec.shape, spec.stride, strict=True))
+            )
+        size_of = _ITEMSIZE.get(spec.dtype) or itemsize(canonical_dtype(spec.dtype))
+        strides = None if spec.stride == _contiguous(spec.shape) else spec.stride
+        facts = (spec, strides, numel_needed * size_of)
+        if len(_FACTS) >= 4096:
+            _FACTS.clear()
+        _FACTS[data] = facts
+    return facts
+
+
+def _parse_tensor_pickle(data: bytes) -> TensorSpec:
     try:
         obj = _TensorUnpickler(io.BytesIO(data)).load()
     except PthRefused:
@@ -291,41 +328,36 @@ def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locato
                 raise PthIncomplete(f"{spath}: empty file")
             return _fallback(spath)
         members = _members(spath, fd, size, head)
-        pkl = next((m for n, m in members.items() if n.endswith("data.pkl")), None)
-        if pkl is None:
+        pkl_name = next((n for n in members if n.endswith("data.pkl")), None)
+        if pkl_name is None:
             raise LayerwatchError(f"{spath}: not a torch.save file (no data.pkl)")
-        prefix = pkl.name[: -len("data.pkl")]
+        prefix = pkl_name[: -len("data.pkl")]
         order = members.get(prefix + "byteorder")
         if order is not None:
-            start = _data_offset(spath, fd, order, head, size)
-            if _pread(fd, start, order.size, head, 0) != b"little":
+            start = _data_offset(spath, fd, "byteorder", order, head, size)
+            if _pread(fd, start, order[1], head, 0) != b"little":
                 raise LayerwatchError(f"{spath}: big-endian torch file is not supported")
-        start = _data_offset(spath, fd, pkl, head, size)
+        pkl = members[pkl_name]
+        start = _data_offset(spath, fd, pkl_name, pkl, head, size)
         try:
-            spec = parse_tensor_pickle(_pread(fd, start, pkl.size, head, 0))
+            spec, strides, need = _facts(_pread(fd, start, pkl[1], head, 0))
         except PthRefused as exc:
             if "refused global torch" in str(exc) or "subclass" in str(exc):
                 return _fallback(spath)  # a torch object we do not model: torch's safe loader
             raise PthRefused(f"{spath}: refused to unpickle: {exc}") from None
-        storage = members.get(f"{prefix}data/{spec.key}")
+        storage_name = f"{prefix}data/{spec.key}"
+        storage = members.get(storage_name)
         if storage is None:
             raise PthIncomplete(f"{spath}: storage {spec.key} missing")
-        data_start = _data_offset(spath, fd, storage, head, size)
+        data_start = _data_offset(spath, fd, storage_name, storage, head, size)
     finally:
         os.close(fd)
-    dtype = spec.dtype  # already one of our names (the stand-ins only produce those)
-    size_of = _ITEMSIZE.get(dtype) or itemsize(canonical_dtype(dtype))
-    numel_needed = 0
-    if all(d > 0 for d in spec.shape):
-        numel_needed = (
-            spec.storage_offset
-            + 1
-            + sum((d - 1) * s for d, s in zip(spec.shape, spec.stride, strict=True))
-        )
-    if numel_needed * size_of > storage.size:
+    if need > storage[1]:
         raise LayerwatchError(f"{spath}: tensor view runs past its storage")
-    strides = None if spec.stride == _contiguous(spec.shape) else spec.stride
-    return Locator(spath, data_start, storage.size, dtype, spec.shape, strides, spec.storage_offset)
+    # spec.dtype is already one of our names (the stand-ins only produce those)
+    return Locator(
+        spath, data_start, storage[1], spec.dtype, spec.shape, strides, spec.storage_offset
+    )
 
 
 def is_complete_zip(path: str | os.PathLike[str], size: int | None = None) -> bool:
