@@ -1,90 +1,99 @@
 """The engine worker failing for real: the pipeline still ends, once, with one line.
 
-The failure is made by the operating system, not by patching: with ``--jobs 2`` and the
-msprobe statistics fixture (743 small pairs, enough for the process pool), a file-descriptor
-limit of 10 (``ulimit -n 10``, as on a locked-down cluster node) lets the dumps be read but
-makes starting the pool fail inside ``session.flush()`` (``OSError: Too many open files``).
-If the session ever falls back to inline comparisons when its pool cannot start, these tests
-need another real failure inside the worker.
+The failure comes from a corrupt file, not from patching: two real captures with their weights
+dumped (``DumpConfig(dump_weight=True)``), the golden data file cut short, and ``--auto-map``
+(pairing by weights). Reading the weights for the pairing raises ``LayerwatchError``
+(truncated) inside ``session.flush()`` — every later flush would too. ``layerwatch compare``
+stops with the same one line and exit 2. (If pairing ever turns an unreadable weight file into
+a note instead, these tests need another real failure inside the worker.)
 """
 
 from __future__ import annotations
 
 import json
-import resource
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from live.helpers import layerwatch
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "msprobe"
-GOLDEN, TARGET = FIXTURES / "stats_golden", FIXTURES / "stats_target"
-FD_LIMIT = 10
-
-
-def _low_fd_limit() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
-
-
-WORKER = f"""
-import json, resource, sys
-resource.setrlimit(resource.RLIMIT_NOFILE, ({FD_LIMIT}, {FD_LIMIT}))
+import pytest
 from layerwatch.engine.live import LivePipeline, attach_spec
 from layerwatch.engine.session import CompareSession
+from live.helpers import layerwatch
 
-pipeline = LivePipeline(
-    attach_spec(sys.argv[1], idle_s=0, watch=False),
-    attach_spec(sys.argv[2], idle_s=0, watch=False),
-    session=CompareSession(jobs=2),
-)
-pipeline.start()
-finished = pipeline.wait(60)
-pipeline.stop()
-batches = pipeline.sink.drain()
-print(json.dumps({{
-    "finished": finished,
-    "error": pipeline.error,
-    "done": [b.done for b in batches],
-    "notes": [n for b in batches for n in b.notes],
-    "tensors": pipeline.session.progress(),
-}}))
+CAPTURE = """
+import sys, torch
+from torch import nn
+from layerwatch.capture import DumpConfig, register_hook
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+if sys.argv[2] == "fault":
+    with torch.no_grad():
+        model[2].weight.mul_(1.5)
+with register_hook(model, DumpConfig(dump_path=sys.argv[1], dump_weight=True)), torch.no_grad():
+    for _ in range(2):
+        model(torch.ones(1, 8))
 """
 
 
-def test_worker_failure_ends_with_a_done_batch_and_a_note() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", WORKER, str(GOLDEN), str(TARGET)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen["finished"], "the worker never said it was done: a front end would wait forever"
-    assert seen["error"].startswith("live pipeline stopped: "), seen
-    assert "\n" not in seen["error"]
-    assert seen["done"][-1] is True and seen["done"].count(True) == 1, seen["done"]
-    assert seen["error"] in seen["notes"]
-    # Both dumps were read before the comparison failed: what landed is still reported.
-    assert seen["tensors"] == {"golden": [2, 743], "target": [2, 743]}
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Golden and target captures with weights; the golden data file is then cut short."""
+    root = tmp_path_factory.mktemp("weights")
+    golden, target = root / "golden", root / "target"
+    for path, how in ((golden, "ok"), (target, "fault")):
+        subprocess.run([sys.executable, "-c", CAPTURE, str(path), how], check=True, timeout=120)
+    lines = [
+        json.loads(line) for line in next(golden.glob("*/index.jsonl")).read_text().splitlines()
+    ]
+    weights = [line for line in lines if line["k"] == "weight"]
+    assert weights, "the capture dumped no weights"
+    data = next(golden.glob("*/")) / weights[0]["file"]
+    os.truncate(data, weights[0]["begin"])  # the weights (and what follows them) are gone
+    return golden, target
 
 
-def test_headless_open_exits_2_with_the_workers_line() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "layerwatch.tui", "open", "--headless", "--jobs", "2",
-         str(GOLDEN), str(TARGET)],
-        capture_output=True, text=True, timeout=120, preexec_fn=_low_fd_limit,
-    )  # fmt: skip
+def test_worker_failure_ends_with_a_done_batch_and_a_note(dumps: tuple[Path, Path]) -> None:
+    golden, target = dumps
+    pipeline = LivePipeline(
+        attach_spec(golden, idle_s=0, watch=False),
+        attach_spec(target, idle_s=0, watch=False),
+        session=CompareSession(auto_map=True),
+    )
+    pipeline.start()
+    try:
+        assert pipeline.wait(60), (
+            "the worker never said it was done: a front end would wait forever"
+        )
+    finally:
+        pipeline.stop()
+    batches = pipeline.sink.drain()
+    assert pipeline.error is not None
+    assert pipeline.error.startswith("live pipeline stopped: LayerwatchError: ")
+    assert "truncated" in pipeline.error and "\n" not in pipeline.error
+    assert [b.done for b in batches].count(True) == 1 and batches[-1].done
+    assert pipeline.error in batches[-1].notes
+    assert pipeline.error in pipeline.notes
+    # What was read before the comparison failed is still there for the front end.
+    assert pipeline.session.progress() == {"golden": (2, 16), "target": (2, 16)}
+
+
+def test_headless_open_exits_2_with_the_workers_line(dumps: tuple[Path, Path]) -> None:
+    golden, target = dumps
+    proc = layerwatch("open", "--headless", "--auto-map", str(golden), str(target), timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
-    assert lines[-1].startswith("layerwatch open: live pipeline stopped: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "nothing to compare" not in proc.stderr  # the real reason, not a misleading one
+    assert lines[-1].startswith("layerwatch open: live pipeline stopped: LayerwatchError: "), lines
+    assert "truncated" in lines[-1]
     assert sum("live pipeline stopped" in line for line in lines) == 1, proc.stderr
-    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""  # no summary of a comparison that did not happen
 
 
-def test_without_the_limit_the_same_open_compares() -> None:
-    """The control: the same command with the usual limit compares every pair."""
-    proc = layerwatch("open", "--headless", "--jobs", "2", str(GOLDEN), str(TARGET))
-    assert proc.returncode in (0, 1), proc.stderr
-    assert "pairs: 743 compared" in proc.stdout, proc.stdout
+def test_compare_says_the_same(dumps: tuple[Path, Path]) -> None:
+    """The control: the one-shot path stops on the same file with exit 2."""
+    golden, target = dumps
+    proc = layerwatch("compare", "--auto-map", str(golden), str(target), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "truncated" in proc.stderr.strip().splitlines()[-1]
