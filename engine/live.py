@@ -24,6 +24,7 @@ from pathlib import Path
 
 from layerwatch.capture.arrivals import Arrival
 
+from .gc_tuning import HeapFreezer, settle
 from .live_side import LiveSide, SideSpec
 from .seam import QueueSink, ResultBatch, RunStatus
 from .session import CompareSession
@@ -71,6 +72,11 @@ class LivePipeline:
         """True while the worker is inside ``session.flush`` (a failure there is not retried)."""
         self.notes: list[str] = []
         """Every note the pipeline itself sent (crashed commands, removed directories...)."""
+        self.freeze_heap = False
+        """Keep the garbage collector's full collections short (:mod:`.gc_tuning`): a
+        process-wide setting, so only a front end that owns the process turns it on (before
+        ``start()``)."""
+        self._freezer: HeapFreezer | None = None
 
     # --- ComparisonSource ------------------------------------------------------------------
     def start(self) -> None:
@@ -84,6 +90,9 @@ class LivePipeline:
         except BaseException:
             self.stop()
             raise
+        if self.freeze_heap:
+            settle()  # the start-up heap (imports, the TUI's widgets) is never walked again
+            self._freezer = HeapFreezer()
         self._worker = threading.Thread(target=self._run, name="layerwatch-engine", daemon=True)
         self._worker.start()
 
@@ -197,6 +206,8 @@ class LivePipeline:
                 self._flushing = True
                 result = self.session.flush()
                 self._flushing = False
+                if self._freezer is not None:
+                    self._freezer.tick()
                 dirty = False
                 next_flush = now + FLUSH_S
                 self._send(result)

@@ -151,6 +151,8 @@ class LayerwatchApp(App[int]):
 def run_app(source: ComparisonSource, *, title: str) -> int:
     """Show a comparison until the user quits; stop the source; return compare's exit code."""
     app = LayerwatchApp(source, title=title)
+    if hasattr(source, "freeze_heap"):  # a LivePipeline: no long GC pauses (engine/gc_tuning)
+        source.freeze_heap = True
     try:
         result = app.run()
     finally:

@@ -123,6 +123,7 @@ def interrupt_on_signals() -> Iterator[None]:
 
 def present(pipeline: Any, args: argparse.Namespace, title: str, *, live: bool = True) -> int:
     """The TUI when asked for and possible, else headless printing."""
+    pipeline.freeze_heap = True  # this process is ours: no long garbage-collector pauses
     if not getattr(args, "headless", False):
         try:
             from layerwatch.tui.app import run_app

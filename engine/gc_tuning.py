@@ -1,0 +1,50 @@
+"""Keeping CPython's cyclic garbage collector from pausing a long-running live comparison.
+
+A session keeps every record and result: at ~10⁵ pairs the heap holds millions of objects,
+and each full (generation-2) collection walks all of them while holding the GIL — 0.1-0.5 s
+in which neither the engine worker nor the TUI's thread runs (``tests/bench/bench_gc.py``).
+Those objects live until the end, so walking them finds nothing. Two measures:
+
+- :func:`settle` after start-up: one collection, then ``gc.freeze()`` — imported modules and
+  the start-up heap move to the permanent generation and are never walked again;
+- :class:`HeapFreezer`, ticked by the engine worker after each flush: at most every
+  ``every_s`` seconds, a collection (over what was allocated since the last freeze only, so
+  it is short) and a freeze. What is garbage is freed before freezing; reference counting
+  still frees frozen objects as usual. The cost: a frozen object that *later* becomes part of
+  an unreachable reference cycle is not reclaimed (the session's records and results do not
+  form cycles; a closed TUI screen does — a few hundred kilobytes per drill-down at most).
+
+Raising the thresholds alone does not help: it only makes collections of young objects rarer
+and longer (measured in the benchmark).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+FREEZE_EVERY_S = 1.0
+"""Seconds between freezes while results keep arriving."""
+
+
+def settle() -> None:
+    """Collect once and freeze what survived (call after start-up, before streaming)."""
+    gc.collect()
+    gc.freeze()
+
+
+class HeapFreezer:
+    """Freezes the heap now and then, so collections only ever walk recent objects."""
+
+    def __init__(self, every_s: float = FREEZE_EVERY_S) -> None:
+        self.every_s = every_s
+        self._next = time.monotonic() + every_s
+
+    def tick(self) -> None:
+        """Call after each flush: collect and freeze when ``every_s`` has passed."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        gc.collect()
+        gc.freeze()
+        self._next = time.monotonic() + self.every_s

@@ -1,0 +1,92 @@
+"""Garbage-collector tuning for the live front ends (``engine/gc_tuning.py``).
+
+Freezing is process-wide, so every check runs in a fresh interpreter (never in pytest's own).
+Pause lengths are measured by ``tests/bench/bench_gc.py``; here: what is frozen and what is
+still freed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "msprobe"
+
+
+def _run(script: str, *args: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+SETTLE = """
+import gc, json, weakref
+from layerwatch.engine.gc_tuning import HeapFreezer, settle
+
+class Node:
+    pass
+
+def cycle():
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+gc.disable()                      # nothing may collect the cycle but settle() itself
+dead_cycle = cycle()
+kept = Node()
+kept_ref = weakref.ref(kept)
+settle()
+after_settle = {"cycle_freed": dead_cycle() is None, "frozen": gc.get_freeze_count(),
+                "walked": len(gc.get_objects())}
+del kept                          # frozen, but reference counting still frees it
+after_settle["frozen_freed_by_refcount"] = kept_ref() is None
+
+freezer = HeapFreezer(every_s=0)
+young = [Node() for _ in range(1000)]
+again = cycle()
+freezer.tick()
+after_tick = {"cycle_freed": again() is None, "walked": len(gc.get_objects()),
+              "frozen_grew": gc.get_freeze_count() - after_settle["frozen"]}
+print(json.dumps({"settle": after_settle, "tick": after_tick}))
+"""
+
+
+def test_settle_and_tick_collect_garbage_then_freeze_the_rest() -> None:
+    seen = _run(SETTLE)
+    settle, tick = seen["settle"], seen["tick"]
+    assert settle["cycle_freed"], "garbage present before the freeze must be collected, not frozen"
+    assert settle["frozen"] > 5_000  # the interpreter's start-up heap and our imports
+    assert settle["walked"] < 1_000  # a collection now walks almost nothing
+    assert settle["frozen_freed_by_refcount"]
+    assert tick["cycle_freed"]
+    assert tick["frozen_grew"] >= 1000  # the young objects moved to the permanent generation
+    assert tick["walked"] < 1_000
+
+
+PIPELINE = """
+import gc, json, sys
+from layerwatch.engine.live import LivePipeline, attach_spec
+
+def run(freeze):
+    gc.unfreeze()
+    pipeline = LivePipeline(attach_spec(sys.argv[1], idle_s=0, watch=False),
+                            attach_spec(sys.argv[2], idle_s=0, watch=False))
+    pipeline.freeze_heap = freeze
+    pipeline.start()
+    assert pipeline.wait(60)
+    pipeline.stop()
+    return {"frozen": gc.get_freeze_count(), "pairs": pipeline.session.summary.pairs}
+
+print(json.dumps({"off": run(False), "on": run(True)}))
+"""
+
+
+def test_pipeline_freezes_only_when_the_front_end_asks() -> None:
+    seen = _run(PIPELINE, str(FIXTURES / "stats_golden"), str(FIXTURES / "stats_target"))
+    assert seen["off"]["frozen"] == 0  # a library user's process is left alone
+    assert seen["on"]["frozen"] > 10_000
+    assert seen["on"]["pairs"] == seen["off"]["pairs"] == 743
