@@ -3,8 +3,9 @@
 With ``jobs > 1`` and enough work (at least two big pairs of ``big_bytes`` golden + target
 payload, or a few hundred small ones) the pairs are cut into ``jobs`` shares of about equal
 estimated cost: this process compares the first share while ``jobs − 1`` workers compare one
-share each. One task per worker keeps the pool's per-task cost (pickling, queues: ~0.2 ms) out of
-the per-pair cost, and results travel back without their records (the caller has them). Within
+share each — forked children where fork is safe (:mod:`.forked`: nothing pickled on the way in),
+else a process pool (one task per worker keeps its per-task cost, ~0.2 ms, out of the per-pair
+cost). Results travel back without their records (the caller has them). Within
 a share, small pairs are measured a batch at a time (``compare.compare_pairs``), which gives
 the same metrics as one at a time, so results never depend on ``jobs``.
 
@@ -18,12 +19,13 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from layerwatch.capture.errors import LayerwatchError
 
+from .forked import Forked, can_fork
 from .records import PairResult, TensorRecord, Verdict
 
 if TYPE_CHECKING:
@@ -142,6 +144,8 @@ class JobRunner:
         self.big_bytes = big_bytes
         self.notes: list[str] = []
         """One-line notes for the user (the pool could not start...); the caller drains them."""
+        self.shares_elsewhere = 0
+        """Shares compared in another process so far (forked children or pool tasks)."""
         self._pool: Executor | None = None
         self._pool_failed = False
 
@@ -171,13 +175,17 @@ class JobRunner:
         total = len(work)
         tasks, inline = self.plan(work)
         results: list[PairResult | None] = [None] * total
-        futures: dict[Future[list[PairResult]], list[int]] = {}
+        futures: dict[Future[list[PairResult]] | Forked[list[PairResult]], list[int]] = {}
         for task in tasks:
-            future = self.submit(pool_task, self.compare, self.thresholds, [work[i] for i in task])
-            if future is None:  # no pool: this share is compared here too
+            share = [work[i] for i in task]
+            future = self._fork(share) or self.submit(
+                pool_task, self.compare, self.thresholds, share
+            )
+            if future is None:  # no worker: this share is compared here too
                 inline = sorted(inline + task)
             else:
                 futures[future] = task
+                self.shares_elsewhere += 1
         done = 0
         for start in range(0, len(inline), PROGRESS_EVERY):
             part = inline[start : start + PROGRESS_EVERY]
@@ -189,10 +197,7 @@ class JobRunner:
             if progress is not None:
                 progress(done, total)
         if futures:
-            from concurrent.futures import as_completed
-
-            for future in as_completed(futures):
-                task = futures[future]
+            for future, task in self._completed(futures):
                 try:
                     for i, result in zip(task, future.result(), strict=True):
                         result.golden, result.target = work[i].golden, work[i].target
@@ -205,6 +210,30 @@ class JobRunner:
                 if progress is not None:
                     progress(done, total)
         return [r for r in results if r is not None]
+
+    def _fork(self, share: list[Work]) -> Forked[list[PairResult]] | None:
+        """A forked child comparing ``share`` (Linux, single-threaded), else ``None``."""
+        if self._pool is not None or not can_fork():
+            return None
+        try:
+            return Forked(pool_task, self.compare, self.thresholds, share)
+        except OSError:  # no fork (process limit...): the pool or this process does it
+            return None
+
+    @staticmethod
+    def _completed(
+        futures: dict[Future[list[PairResult]] | Forked[list[PairResult]], list[int]],
+    ) -> Iterator[tuple[Future[list[PairResult]] | Forked[list[PairResult]], list[int]]]:
+        """(future, its pair indices): pool futures as they complete, forked children in order."""
+        pooled = {f: t for f, t in futures.items() if not isinstance(f, Forked)}
+        for future, task in futures.items():
+            if isinstance(future, Forked):
+                yield future, task
+        if pooled:
+            from concurrent.futures import as_completed
+
+            for future in as_completed(pooled):
+                yield future, pooled[future]
 
     def submit(self, fn: Callable[..., T], *args: object) -> Future[T] | None:
         """``fn(*args)`` in a worker process, or ``None`` when no pool can start (then the

@@ -19,6 +19,7 @@ from layerwatch.capture.errors import LayerwatchError
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    from .forked import Forked
     from .readers import ReaderUpdate
 
 EXIT_OK = 0
@@ -63,7 +64,9 @@ def read_dump(path: str, side: str) -> ReaderUpdate:
     return open_dump(path, side=side).poll(None)
 
 
-def _result_or_none(future: Future[ReaderUpdate] | None) -> ReaderUpdate | None:
+def _result_or_none(
+    future: Future[ReaderUpdate] | Forked[ReaderUpdate] | None,
+) -> ReaderUpdate | None:
     """A worker's dump, or ``None`` when the worker died (the caller reads it itself)."""
     if future is None:
         return None
@@ -78,6 +81,7 @@ def _result_or_none(future: Future[ReaderUpdate] | None) -> ReaderUpdate | None:
 def compare_main(args: argparse.Namespace) -> int:
     from layerwatch.capture.tokens import parse_tokens
 
+    from .forked import Forked, can_fork
     from .readers import open_dump
     from .report import dumps_json, json_report, summary_text, write_csv
     from .session import CompareSession
@@ -102,12 +106,15 @@ def compare_main(args: argparse.Namespace) -> int:
         auto_map=True if getattr(args, "auto_map", False) else None,
     )
     try:
-        # With jobs > 1, parse the two dumps in parallel: the golden one in a worker process.
-        golden = (
-            session.runner.submit(read_dump, args.golden, "golden")
-            if session.runner.jobs > 1
-            else None
-        )
+        # With jobs > 1, parse the two dumps in parallel: the golden one in a worker process
+        # (a forked child where fork is safe: no pool, whose threads would then forbid fork).
+        golden: Future[ReaderUpdate] | Forked[ReaderUpdate] | None = None
+        if session.runner.jobs > 1:
+            golden = (
+                Forked(read_dump, args.golden, "golden")
+                if can_fork()
+                else session.runner.submit(read_dump, args.golden, "golden")
+            )
         updates = {"target": readers["target"].poll(None)}
         updates["golden"] = _result_or_none(golden) or readers["golden"].poll(None)
         for side in ("golden", "target"):

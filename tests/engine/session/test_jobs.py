@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.forked import Forked, can_fork
 from layerwatch.engine.jobs import JobRunner, Work
 from layerwatch.engine.records import COSINE, TensorKey, TensorRecord
 from support.toy_model import ToyRun
@@ -42,15 +46,25 @@ def test_results_do_not_depend_on_jobs(toy_runs: dict[str, ToyRun]) -> None:
     work = _works(toy_runs["golden"], toy_runs["faulty"])
     th = Thresholds.default()
     one = JobRunner(compare_pair, th, jobs=1).run(work)
-    runner = JobRunner(compare_pair, th, jobs=2, big_bytes=1 << 40)
-    try:
-        two = runner.run(work)
-        assert runner._pool is not None  # a share really went to a worker
-    finally:
-        runner.close()
-    assert _key_metrics(two) == _key_metrics(one)  # bit-identical metrics
-    assert all(isinstance(r.golden, TensorRecord) for r in two)  # records re-attached
-    assert any(r.metrics[COSINE] < 0.999 for r in two)
+    for compare in (compare_pair, compare_noting_pid):
+        runner = JobRunner(compare, th, jobs=2, big_bytes=1 << 40)
+        try:
+            two = runner.run(work)
+        finally:
+            runner.close()
+        assert _key_metrics(two) == _key_metrics(one)  # bit-identical metrics
+        assert all(isinstance(r.golden, TensorRecord) for r in two)  # records re-attached
+        assert any(r.metrics[COSINE] < 0.999 for r in two)
+    assert len({r.node_type for r in two}) == 2  # a share really ran in another process
+
+
+def compare_noting_pid(golden, target, thresholds, *, is_logits=False):
+    """compare_pair, one pair at a time, noting which process compared the pair."""
+    from layerwatch.engine.compare import compare_pair
+
+    result = compare_pair(golden, target, thresholds, is_logits=is_logits)
+    result.node_type = str(os.getpid())
+    return result
 
 
 SWAPPED_STDERR = """
@@ -98,3 +112,24 @@ def test_a_pool_that_cannot_start_compares_inline_with_a_note(tmp_path: Path) ->
     notes = [n for n in report["notes"] if "no worker processes" in n]
     assert len(notes) == 1 and "\n" not in notes[0], report["notes"]
     assert not report["pool"]
+
+
+def _boom(message: str) -> None:
+    raise LayerwatchError(message)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), 9)
+
+
+def test_forked_child_returns_raises_or_reports_its_death() -> None:
+    if not can_fork():
+        pytest.skip("fork is used only on Linux with a single thread")
+    parent = os.getpid()
+    assert Forked(os.getpid).result() != parent  # really another process
+    big = Forked(bytes, 1 << 20)  # more than a pipe holds: read while the child writes
+    assert big.result() == bytes(1 << 20)
+    with pytest.raises(LayerwatchError, match="bad dump"):
+        Forked(_boom, "bad dump").result()
+    with pytest.raises(ChildProcessError, match="signal 9"):
+        Forked(_die).result()

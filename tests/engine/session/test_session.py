@@ -323,7 +323,7 @@ def test_process_pool_gives_the_same_results(toy_runs: dict[str, ToyRun], big_by
         a = [(r.key, r.verdict, r.metrics.get(COSINE)) for r in inline.results()]
         b = [(r.key, r.verdict, r.metrics.get(COSINE)) for r in pooled.results()]
         assert a == b
-        assert pooled.runner._pool is not None  # the pool was really used
+        assert pooled.runner.shares_elsewhere > 0  # another process (fork or pool) was really used
     finally:
         pooled.close()
 
