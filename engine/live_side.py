@@ -146,10 +146,10 @@ class LiveSide:
         self._last_new = time.monotonic()
         return self._poll(None)
 
-    def _poll(self, changed: list[Path] | None) -> list[ReaderUpdate]:
+    def _poll(self, changed: list[Path] | None, *, final: bool = False) -> list[ReaderUpdate]:
         assert self.reader is not None
         try:
-            update = self.reader.poll(changed)
+            update = self.reader.poll(changed, final=final)
         except LayerwatchError as exc:
             self.notes.append(str(exc))
             return []
@@ -199,22 +199,28 @@ class LiveSide:
     def _final(self) -> list[ReaderUpdate]:
         """The writer is done: last scan of the directory, then one full poll of the reader."""
         self.finished = True
-        if self.watcher is not None:
-            incomplete = self.watcher.final_scan()
-            if incomplete:
-                path, why = next(iter(incomplete.items()))
-                more = f" and {len(incomplete) - 1} more" if len(incomplete) > 1 else ""
-                self.notes.append(f"incomplete file skipped: {path} ({why}){more}")
+        incomplete = self.watcher.final_scan() if self.watcher is not None else {}
         if self.reader is None:
             self._try_open()
         if self.reader is None:
+            self._note_incomplete(incomplete)
             what = "nothing was dumped" if self.child is not None else "no dump appeared"
             self.notes.append(f"{what} in {self.spec.dir}")
             return []
-        updates = self._poll(None)
+        # Final: files the reader still finds incomplete are truncated; it names each one.
+        updates = self._poll(None, final=True)
+        named = {n.split(": ", 1)[0] for u in updates for n in u.notes}
+        self._note_incomplete({p: w for p, w in incomplete.items() if str(p) not in named})
         if self.child is None:
             self._state = "complete"
         return updates
+
+    def _note_incomplete(self, incomplete: dict[Path, str]) -> None:
+        """The watcher's files that never became whole (those the reader did not name)."""
+        if incomplete:
+            path, why = next(iter(incomplete.items()))
+            more = f" and {len(incomplete) - 1} more" if len(incomplete) > 1 else ""
+            self.notes.append(f"incomplete file skipped: {path} ({why}){more}")
 
     # --- status ----------------------------------------------------------------------------
     def status(self, tokens: int, tensors: int) -> RunStatus | None:

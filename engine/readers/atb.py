@@ -25,7 +25,7 @@ from layerwatch.capture.errors import LayerwatchError
 from ..load import itemsize, load_array
 from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
 from .atb_bin import NZ_FORMATS, BinIncomplete, read_header
-from .base import RankIndex, ReaderUpdate, is_rank_dir_name, is_tmp_name, scandir
+from .base import RankIndex, ReaderUpdate, is_rank_dir_name, is_tmp_name, scandir, skipped_note
 
 _OP_DIR = re.compile(r"^(\d+)_(.+)$")
 _TENSOR = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")
@@ -120,7 +120,7 @@ class AtbReader:
         return [self.root]
 
     # --- polling -------------------------------------------------------------------------
-    def poll(self, changed: Sequence[Path] | None = None) -> ReaderUpdate:
+    def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
         if not self.root.is_dir():
             if not self._gone_noted:
@@ -137,7 +137,7 @@ class AtbReader:
             for path in changed:
                 self._on_change(Path(os.path.abspath(path)), found, update)
         found += [(state, token, path) for path, (state, token) in self._pending.items()]
-        self._emit(found, update)
+        self._emit(found, update, final=final)
         return update
 
     def _discover(self) -> list[_Rank]:
@@ -214,12 +214,14 @@ class AtbReader:
             self._walk(state, int(rel[1]), path, found)
 
     # --- records -----------------------------------------------------------------------------
-    def _emit(self, found: list[tuple[_Rank, int, str]], update: ReaderUpdate) -> None:
+    def _emit(
+        self, found: list[tuple[_Rank, int, str]], update: ReaderUpdate, *, final: bool = False
+    ) -> None:
         parsed = []
         for state, token, path in found:
             if path in self._seen:
                 continue
-            item = self._parse(state, token, path, update)
+            item = self._parse(state, token, path, update, final)
             if item is not None:
                 parsed.append(item)
         # before/ wins for inputs, after/ for outputs: emit preferred files first.
@@ -238,7 +240,7 @@ class AtbReader:
             self._token_ids(state, [r for r, _ in parsed if r.key.rank == state.rank], update)
 
     def _parse(
-        self, state: _Rank, token: int, path: str, update: ReaderUpdate
+        self, state: _Rank, token: int, path: str, update: ReaderUpdate, final: bool = False
     ) -> tuple[TensorRecord, bool] | None:
         parts = path[len(str(state.path)) + len(str(token)) + 2 :].split(os.sep)
         match = _TENSOR.match(parts[-1]) if len(parts) >= 3 else None
@@ -256,6 +258,11 @@ class AtbReader:
         try:
             header = read_header(path)
         except BinIncomplete:
+            if final:  # the writer finished: it will never be whole
+                self._seen.add(path)
+                self._pending.pop(path, None)
+                update.notes.append(skipped_note(path))
+                return None
             self._pending[path] = (state, token)  # still being written: retried next poll
             return None
         except LayerwatchError as exc:

@@ -57,9 +57,11 @@ class DumpReader(Protocol):
     root: Path
     """The directory (or file) the user pointed at."""
 
-    def poll(self, changed: Sequence[Path] | None = None) -> ReaderUpdate:
+    def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         """What landed since the last poll. ``None``: scan everything; else only these paths
-        (files or directories) are new — cheap per call, and never returns a tensor twice."""
+        (files or directories) are new — cheap per call, and never returns a tensor twice.
+        ``final=True`` (with ``None``): the writer has finished, so a file still incomplete is
+        truncated or corrupt — reported once as a note (:func:`skipped_note`), not waited for."""
         ...
 
     def watch_roots(self) -> list[Path]:
@@ -139,6 +141,11 @@ def scandir(path: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
             return list(it)
     except OSError:
         return []
+
+
+def skipped_note(path: str | os.PathLike[str]) -> str:
+    """The note for a file that will never be whole (``poll(None, final=True)``)."""
+    return f"{path}: truncated or corrupt, skipped"
 
 
 def is_tmp_name(name: str) -> bool:

@@ -41,6 +41,8 @@ class _Rank:
     topo_sig: tuple[int, int] | None = None
     ended: bool = False
     seen: set[TensorKey] = field(default_factory=set)
+    torn_noted: bool = False
+    """The final scan said that the last index line is cut short."""
 
 
 class LayerwatchReader:
@@ -61,7 +63,7 @@ class LayerwatchReader:
         return [self.root]
 
     # --- polling -------------------------------------------------------------------------
-    def poll(self, changed: Sequence[Path] | None = None) -> ReaderUpdate:
+    def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
         if not self.root.is_dir():
             if not self._gone_noted:
@@ -72,7 +74,7 @@ class LayerwatchReader:
         if changed is None:
             for state in self._discover():
                 self._read_topology(state, update)
-                self._read_index(state, update)
+                self._read_index(state, update, final)
         else:
             for path in changed:
                 self._on_change(Path(os.path.abspath(path)), update)
@@ -124,7 +126,7 @@ class LayerwatchReader:
             self._read_topology(state, update)
 
     # --- index -----------------------------------------------------------------------------
-    def _read_index(self, state: _Rank, update: ReaderUpdate) -> None:
+    def _read_index(self, state: _Rank, update: ReaderUpdate, final: bool = False) -> None:
         try:
             with open(state.path / lwf.INDEX, "rb") as fh:
                 fh.seek(state.offset)
@@ -135,6 +137,10 @@ class LayerwatchReader:
             update.notes.append(f"{state.path / lwf.INDEX}: cannot read: {exc.strerror}")
             return
         end = chunk.rfind(b"\n")
+        if final and chunk[end + 1 :].strip() and not state.torn_noted:
+            # The writer finished (killed mid-line?): this line will never be completed.
+            state.torn_noted = True
+            update.notes.append(f"{state.path / lwf.INDEX}: last line cut short, skipped")
         if end < 0:
             return  # only a partial line so far
         start_offset = state.offset

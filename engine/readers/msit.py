@@ -23,7 +23,7 @@ from layerwatch.capture.errors import LayerwatchError
 
 from ..load import canonical_dtype, load_array
 from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
-from .base import RankIndex, ReaderUpdate, is_rank_dir_name, is_tmp_name, scandir
+from .base import RankIndex, ReaderUpdate, is_rank_dir_name, is_tmp_name, scandir, skipped_note
 from .pth import PthIncomplete, pth_locator
 
 TREE = "model_tree.json"
@@ -133,7 +133,7 @@ class MsitReader:
         return [self.root]
 
     # --- polling -------------------------------------------------------------------------
-    def poll(self, changed: Sequence[Path] | None = None) -> ReaderUpdate:
+    def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
         if not self.root.is_dir():
             if not self._gone_noted:
@@ -152,7 +152,7 @@ class MsitReader:
                 self._on_change(Path(os.path.abspath(path)), files, update)
         for path in list(self._pending):
             self._retry(path, files)
-        self._emit(files, update, full=changed is None)
+        self._emit(files, update, full=changed is None, final=final)
         return update
 
     def _discover(self) -> list[_Rank]:
@@ -263,7 +263,7 @@ class MsitReader:
             self._add_file(state, int(parts[1]), path, parts[3], files)
 
     # --- records -----------------------------------------------------------------------------
-    def _emit(self, files: dict, update: ReaderUpdate, *, full: bool) -> None:
+    def _emit(self, files: dict, update: ReaderUpdate, *, full: bool, final: bool = False) -> None:
         now = time.time_ns()
         for (rank_name, token), items in files.items():
             state = self._ranks[rank_name]
@@ -296,8 +296,9 @@ class MsitReader:
                     records = self._records(state, token, node, path, name, size)
                 except PthIncomplete:
                     since = self._pending.setdefault(path, now)
-                    if full and now - max(since, mtime) > _STALE_NS:
-                        update.notes.append(f"{path}: incomplete file skipped")
+                    if final or (full and now - max(since, mtime) > _STALE_NS):
+                        # The writer finished (or left it for long): it will not grow any more.
+                        update.notes.append(skipped_note(path))
                         self._seen.add(path)
                         self._pending.pop(path, None)
                     continue

@@ -25,7 +25,7 @@ from layerwatch.capture.errors import LayerwatchError
 
 from ..load import canonical_dtype, load_array
 from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
-from .base import RankIndex, ReaderUpdate, scandir
+from .base import RankIndex, ReaderUpdate, scandir, skipped_note
 from .pth import PthIncomplete, pth_locator
 
 DUMP = "dump.json"
@@ -97,7 +97,7 @@ class MsprobeReader:
     def watch_roots(self) -> list[Path]:
         return [self.root if self.root.is_dir() else self.root.parent]
 
-    def poll(self, changed: Sequence[Path] | None = None) -> ReaderUpdate:
+    def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
         if not self.root.exists():
             if not self._gone_noted:
@@ -130,7 +130,9 @@ class MsprobeReader:
                         rank_dir, _rank_number(rank_dir.name, self._index)
                     )
                 if wanted is None or rank_dir in wanted or state.pending:
-                    n, added = self._read_rank(state, offset, update, topo, full=changed is None)
+                    n, added = self._read_rank(
+                        state, offset, update, topo, full=changed is None, final=final
+                    )
                     topo_changed |= added
                     self._tokens_in_step[str(rank_dir)] = n
                 step_tokens = max(step_tokens, self._tokens_in_step.get(str(rank_dir), 0))
@@ -155,7 +157,14 @@ class MsprobeReader:
 
     # --- one rank of one step -------------------------------------------------------------
     def _read_rank(
-        self, state: _RankState, offset: int, update: ReaderUpdate, topo: Topology, *, full: bool
+        self,
+        state: _RankState,
+        offset: int,
+        update: ReaderUpdate,
+        topo: Topology,
+        *,
+        full: bool,
+        final: bool = False,
     ) -> tuple[int, bool]:
         path = state.path / DUMP
         try:
@@ -169,6 +178,9 @@ class MsprobeReader:
             dump = json.loads(path.read_bytes())
             data = dump["data"]
         except (OSError, ValueError, KeyError, TypeError):
+            if final and skipped_note(path) not in self._notes:  # never rewritten again
+                self._notes.add(skipped_note(path))
+                update.notes.append(skipped_note(path))
             return self._tokens_in_step.get(str(state.path), 0), False  # rewritten right now
         try:
             construct = json.loads((state.path / CONSTRUCT).read_bytes())
@@ -212,6 +224,7 @@ class MsprobeReader:
                     local_data,
                     data_dir,
                     update,
+                    final,
                 )
             for pname, leaf in (value.get("parameters") or {}).items():
                 wname = f"{node}.{pname}"
@@ -231,6 +244,7 @@ class MsprobeReader:
     def _leaf(
         self, state: _RankState, token: int, node: str, node_type: str, stem: str, leaf: dict,
         order: int, local_data: Path, data_dir: Path | None, update: ReaderUpdate,
+        final: bool = False,
     ) -> None:  # fmt: skip
         key = TensorKey(token, node, stem, state.rank)
         if key in self._keys:
@@ -259,6 +273,10 @@ class MsprobeReader:
                 loc = pth_locator(file)
                 source = str(file)
             except PthIncomplete:
+                if final:  # the writer finished: it will never be whole
+                    update.notes.append(skipped_note(file))
+                    self._keys.add(key)
+                    return
                 state.pending.add(key)
                 return
             except LayerwatchError as exc:
