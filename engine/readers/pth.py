@@ -11,12 +11,10 @@ format, exotic tensor types) fall back to ``torch.load(weights_only=True)`` and 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
 import struct
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -374,6 +372,8 @@ def is_complete_zip(path: str | os.PathLike[str], size: int | None = None) -> bo
 # --- fallback through torch's safe loader ------------------------------------------------------
 def _cache_dir() -> Path:
     uid = os.getuid() if hasattr(os, "getuid") else 0
+    import tempfile  # only on this rare path (hashlib and tempfile cost ~8 ms of start-up)
+
     path = Path(tempfile.gettempdir()) / f"layerwatch-{uid}" / "pth-cache"
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -384,6 +384,8 @@ def _fallback(path: str) -> Locator:
     import numpy as np
 
     st = os.stat(path)
+    import hashlib
+
     digest = hashlib.sha1(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}".encode())
     target = _cache_dir() / f"{digest.hexdigest()}.npy"
     meta = target.with_suffix(".dtype")
