@@ -24,7 +24,7 @@ from layerwatch.capture.arrivals import Arrival, ArrivalKind
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.capture.launch import Child, LaunchSpec
 
-from .readers import DumpReader, ReaderUpdate, detect, open_dump
+from .readers import DumpReader, ReaderUpdate, detect, msit_runs, open_dump
 from .seam import RunStatus
 
 QUIET_S = 0.25
@@ -141,6 +141,11 @@ class LiveSide:
                 self._open_error = str(exc)
                 self.notes.append(str(exc))
             return []
+        runs = msit_runs(self.spec.dir) if where != self.spec.dir else []
+        if len(runs) > 1:
+            self.notes.append(
+                f"{self.spec.dir} holds {len(runs)} msit dumps: following the newest, {where.name}"
+            )
         if self.child is None:
             self._state = "attached"
         self._last_new = time.monotonic()

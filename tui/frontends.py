@@ -86,10 +86,12 @@ def watch_main(args: argparse.Namespace) -> int:
 
 def open_main(args: argparse.Namespace) -> int:
     from layerwatch.engine.live import LivePipeline, attach_spec
+    from layerwatch.engine.readers import resolve
 
     for path, side in ((args.golden, "golden"), (args.target, "target")):
         if not Path(path).exists():
             raise LayerwatchError(f"{side} dump {path}: no such file or directory")
+        resolve(path)  # several msit runs in one directory: refused, as compare does
     pipeline = LivePipeline(
         attach_spec(args.golden, idle_s=0, watch=False), attach_spec(args.target, idle_s=0, watch=False),
         session=_session(args),

@@ -2,6 +2,11 @@
 
 ``open_dump(path)`` detects the format from the path (a run dir, a rank dir, a token dir, an
 ``msit_dump_*`` dir, a ``step*`` dir...) and returns an incremental :class:`DumpReader`.
+The directory given to the dumper works too: our ``dump_path`` (rank dirs inside) and
+msprobe's (``step*`` inside) are dumps themselves; msit's ``-o``/``DumpConfig(dump_path)``
+holds one ``msit_dump_{timestamp}`` per run — with exactly one it is used, with several
+:func:`resolve` refuses and lists them (comparing the wrong runs is worse than typing a name;
+the live pipeline, which follows a dump being written, takes the newest instead).
 No torch import anywhere here: ``.pth`` files are parsed by :mod:`.pth`.
 """
 
@@ -13,18 +18,62 @@ from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
 
-from .base import DumpReader, ReaderUpdate
+from .base import DumpReader, ReaderUpdate, scandir
 
 FORMATS = ("layerwatch", "msit", "atb", "msprobe")
+MSIT_RUN_PREFIX = "msit_dump_"
+"""msit names each run's directory ``msit_dump_{timestamp}`` inside the output directory."""
+_LISTED = 4
+"""Run names listed in the one-line message before "… (N in all)"."""
 
-__all__ = ["FORMATS", "DumpReader", "ReaderUpdate", "detect", "open_dump"]
+__all__ = ["FORMATS", "DumpReader", "ReaderUpdate", "detect", "msit_runs", "open_dump", "resolve"]
 
 
 def detect(path: str | os.PathLike[str]) -> str | None:
-    """The format of the dump at ``path``, or ``None`` when nothing readable is there (yet)."""
+    """The format of the dump at ``path`` (or of the only ``msit_dump_*`` run inside it), or
+    ``None`` when nothing readable is there (yet)."""
+    p = Path(os.path.abspath(path))
+    found = _detect_here(p)
+    if found is None and p.is_dir():
+        runs = msit_runs(p)
+        if len(runs) == 1:
+            return _detect_here(runs[0])
+    return found
+
+
+def msit_runs(path: str | os.PathLike[str]) -> list[Path]:
+    """The ``msit_dump_*`` directories right inside ``path`` that hold a dump, oldest first
+    (their names end with the time msit started)."""
+    runs = [
+        Path(e.path)
+        for e in scandir(path)
+        if e.name.startswith(MSIT_RUN_PREFIX) and e.is_dir() and _detect_here(Path(e.path))
+    ]
+    return sorted(runs, key=lambda p: p.name)
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """The dump a user means by ``path``: ``path`` itself, or the only ``msit_dump_*`` run in
+    msit's output directory. Several runs there: :class:`LayerwatchError` listing them."""
+    p = Path(os.path.abspath(path))
+    if not p.is_dir() or _detect_here(p) is not None:
+        return p
+    runs = msit_runs(p)
+    if len(runs) == 1:
+        return runs[0]
+    if len(runs) > 1:
+        names = ", ".join(r.name for r in runs[-_LISTED:][::-1])
+        more = f", … ({len(runs)} in all)" if len(runs) > _LISTED else ""
+        raise LayerwatchError(
+            f"{path} holds {len(runs)} msit dumps (newest first: {names}{more}): "
+            "pass the one to compare"
+        )
+    return p
+
+
+def _detect_here(p: Path) -> str | None:
     from . import atb, layerwatch, msit, msprobe
 
-    p = Path(os.path.abspath(path))
     if p.is_file():
         return "msprobe" if p.name == msprobe.DUMP else None
     if not p.is_dir():
@@ -56,6 +105,7 @@ def open_dump(
     p = Path(os.path.abspath(path))
     if not p.exists():
         raise LayerwatchError(f"{path}: no such directory")
+    p = resolve(p)
     kind = fmt or detect(p)
     if kind is None:
         raise LayerwatchError(
