@@ -25,7 +25,15 @@ from layerwatch.capture.errors import LayerwatchError
 from ..load import itemsize, load_array
 from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
 from .atb_bin import NZ_FORMATS, BinIncomplete, read_header
-from .base import RankIndex, ReaderUpdate, is_rank_dir_name, is_tmp_name, scandir, skipped_note
+from .base import (
+    DirectoryReader,
+    RankIndex,
+    ReaderUpdate,
+    is_rank_dir_name,
+    is_tmp_name,
+    scandir,
+    skipped_note,
+)
 
 _OP_DIR = re.compile(r"^(\d+)_(.+)$")
 _TENSOR = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")
@@ -94,7 +102,7 @@ class _Rank:
     ids_found: set[int] = field(default_factory=set)
 
 
-class AtbReader:
+class AtbReader(DirectoryReader):
     """Reads ATB ``.bin`` dumps incrementally."""
 
     fmt = "atb"
@@ -114,18 +122,11 @@ class AtbReader:
         self._pending: dict[str, tuple[_Rank, int]] = {}
         """Files still being written (header or payload short): retried on every poll."""
         self._topology: Topology | None = None
-        self._gone_noted = False
-
-    def watch_roots(self) -> list[Path]:
-        return [self.root]
 
     # --- polling -------------------------------------------------------------------------
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
-        if not self.root.is_dir():
-            if not self._gone_noted:
-                update.notes.append(f"{self.root}: dump directory disappeared")
-                self._gone_noted = True
+        if self._gone(update):
             return update
         found: list[tuple[_Rank, int, str]] = []
         if changed is None:

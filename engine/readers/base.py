@@ -70,6 +70,26 @@ class DumpReader(Protocol):
 
 
 # --- helpers shared by the readers ------------------------------------------------------------
+class DirectoryReader:
+    """What the readers of a dump directory share: watching their root, and saying once
+    (not at every poll) that the directory disappeared."""
+
+    root: Path
+    _gone_noted: bool = False
+
+    def watch_roots(self) -> list[Path]:
+        return [self.root]
+
+    def _gone(self, update: ReaderUpdate) -> bool:
+        """``True`` when the dump directory is gone (with a note the first time)."""
+        if self.root.is_dir():
+            return False
+        if not self._gone_noted:
+            update.notes.append(f"{self.root}: dump directory disappeared")
+            self._gone_noted = True
+        return True
+
+
 _RANK_DIR = re.compile(r"^([A-Za-z]*)(\d*)_(\d+)$")
 
 

@@ -18,7 +18,7 @@ from layerwatch.capture.errors import LayerwatchError
 
 from ..load import canonical_dtype
 from ..records import Locator, ParamPrint, TensorKey, TensorRecord, Topology
-from .base import RankIndex, ReaderUpdate, is_rank_dir_name, scandir, stats_from
+from .base import DirectoryReader, RankIndex, ReaderUpdate, is_rank_dir_name, scandir, stats_from
 
 
 def is_rank_dir(path: Path) -> bool:
@@ -45,7 +45,7 @@ class _Rank:
     """The final scan said that the last index line is cut short."""
 
 
-class LayerwatchReader:
+class LayerwatchReader(DirectoryReader):
     """Reads ``{dump}/{device}_{pid}/index.jsonl`` (+ topology) incrementally."""
 
     fmt = "layerwatch"
@@ -57,18 +57,11 @@ class LayerwatchReader:
         self._ranks: dict[str, _Rank] = {}
         self._index = RankIndex()
         self._complete = False
-        self._gone_noted = False
-
-    def watch_roots(self) -> list[Path]:
-        return [self.root]
 
     # --- polling -------------------------------------------------------------------------
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
-        if not self.root.is_dir():
-            if not self._gone_noted:
-                update.notes.append(f"{self.root}: dump directory disappeared")
-                self._gone_noted = True
+        if self._gone(update):
             update.complete = self._complete
             return update
         if changed is None:

@@ -23,7 +23,15 @@ from layerwatch.capture.errors import LayerwatchError
 
 from ..load import canonical_dtype, load_array
 from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
-from .base import RankIndex, ReaderUpdate, is_rank_dir_name, is_tmp_name, scandir, skipped_note
+from .base import (
+    DirectoryReader,
+    RankIndex,
+    ReaderUpdate,
+    is_rank_dir_name,
+    is_tmp_name,
+    scandir,
+    skipped_note,
+)
 from .pth import PthIncomplete, pth_locator
 
 TREE = "model_tree.json"
@@ -106,7 +114,7 @@ class _Rank:
     """The note that this rank's file times do not follow execution was given."""
 
 
-class MsitReader:
+class MsitReader(DirectoryReader):
     """Reads msit torch dumps (any of the directories msit itself accepts)."""
 
     fmt = "msit"
@@ -127,18 +135,11 @@ class MsitReader:
         self._pending: dict[str, int] = {}
         """Incomplete files (path → first time seen incomplete, ns): retried on every poll."""
         self._topology: Topology | None = None
-        self._gone_noted = False
-
-    def watch_roots(self) -> list[Path]:
-        return [self.root]
 
     # --- polling -------------------------------------------------------------------------
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
-        if not self.root.is_dir():
-            if not self._gone_noted:
-                update.notes.append(f"{self.root}: dump directory disappeared")
-                self._gone_noted = True
+        if self._gone(update):
             return update
         files: dict[tuple[str, int], list[tuple[str, str, int]]] = {}
         if changed is None:
