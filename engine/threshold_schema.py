@@ -7,37 +7,21 @@ from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
 
-from .records import (
-    COSINE,
-    EXACT,
-    FIVE_THOUSANDTHS,
-    INF_GOLDEN,
-    INF_TARGET,
-    KL,
-    MARGIN,
-    MAX_ABS,
-    MAX_REL,
-    MEAN_ABS,
-    MEAN_REL,
-    NAN_GOLDEN,
-    NAN_MISMATCH,
-    NAN_TARGET,
-    NORM_REL,
-    ONE_THOUSANDTH,
-    RED,
-    STAT_METRICS,
-    TOP1,
-    TOPK,
-)
+from . import records as r
 
 CLASSES = ("int", "fp32", "fp16", "bf16")
 """Dtype classes from strictest to loosest; a pair is judged by the looser of its two sides."""
 CLASS_LABEL = {"int": "integer", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-TENSOR_METRICS = frozenset(
-    {COSINE, MAX_REL, MEAN_REL, MAX_ABS, MEAN_ABS, RED, NORM_REL, ONE_THOUSANDTH, FIVE_THOUSANDTHS}
-    | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET, EXACT}
+NONFINITE_METRICS = frozenset(
+    {r.NAN_MISMATCH, r.NAN_GOLDEN, r.NAN_TARGET, r.INF_GOLDEN, r.INF_TARGET}
 )
-LOGIT_METRICS = frozenset({KL, TOP1, TOPK, MARGIN})
+"""NaN/Inf counts and position mismatches: judged in every section."""
+TENSOR_METRICS = (
+    frozenset({r.COSINE, r.MAX_REL, r.MEAN_REL, r.MAX_ABS, r.MEAN_ABS, r.RED, r.NORM_REL})
+    | {r.ONE_THOUSANDTH, r.FIVE_THOUSANDTHS, r.EXACT}
+    | NONFINITE_METRICS
+)
+LOGIT_METRICS = frozenset({r.KL, r.TOP1, r.TOPK, r.MARGIN})
 
 
 def dtype_class(dtype: str) -> str:
@@ -60,8 +44,7 @@ OVERRIDE_KEYS = frozenset({"node", "tensor", "dtype", "logits"})
 SECTION_METRICS = {
     "limits": TENSOR_METRICS,
     "logits": TENSOR_METRICS | LOGIT_METRICS,
-    "statistics": frozenset(STAT_METRICS)
-    | {NAN_MISMATCH, NAN_GOLDEN, NAN_TARGET, INF_GOLDEN, INF_TARGET},
+    "statistics": frozenset(r.STAT_METRICS) | NONFINITE_METRICS,
 }
 ALL_METRICS = TENSOR_METRICS | LOGIT_METRICS | SECTION_METRICS["statistics"]
 

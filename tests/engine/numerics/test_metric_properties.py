@@ -7,23 +7,8 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from layerwatch.engine import records as m
 from layerwatch.engine.metrics import MetricAccumulator, paired_chunks
-from layerwatch.engine.records import (
-    COSINE,
-    FIVE_THOUSANDTHS,
-    INF_GOLDEN,
-    INF_TARGET,
-    MAX_ABS,
-    MAX_REL,
-    MEAN_ABS,
-    MEAN_REL,
-    NAN_GOLDEN,
-    NAN_MISMATCH,
-    NAN_TARGET,
-    NORM_REL,
-    ONE_THOUSANDTH,
-    RED,
-)
 
 FLOOR = 1e-6
 
@@ -38,11 +23,11 @@ def reference(golden: np.ndarray, target: np.ndarray, floor: float) -> dict[str,
 
     both = np.isfinite(g) & np.isfinite(t)
     out = {
-        NAN_MISMATCH: float(np.sum(kind(g) != kind(t))),
-        NAN_GOLDEN: float(np.isnan(g).sum()),
-        NAN_TARGET: float(np.isnan(t).sum()),
-        INF_GOLDEN: float(np.isinf(g).sum()),
-        INF_TARGET: float(np.isinf(t).sum()),
+        m.NAN_MISMATCH: float(np.sum(kind(g) != kind(t))),
+        m.NAN_GOLDEN: float(np.isnan(g).sum()),
+        m.NAN_TARGET: float(np.isnan(t).sum()),
+        m.INF_GOLDEN: float(np.isinf(g).sum()),
+        m.INF_TARGET: float(np.isinf(t).sum()),
     }
     g, t = g[both], t[both]
     ng, nt = np.linalg.norm(g), np.linalg.norm(t)
@@ -57,15 +42,15 @@ def reference(golden: np.ndarray, target: np.ndarray, floor: float) -> dict[str,
     nd = np.linalg.norm(t - g)
     n = g.size
     out |= {
-        COSINE: cos,
-        RED: float(nd / ng) if ng else (math.inf if nd else 0.0),
-        NORM_REL: float(abs(nt - ng) / ng) if ng else (math.inf if nt else 0.0),
-        MAX_ABS: float(d.max()) if n else 0.0,
-        MEAN_ABS: float(d.mean()) if n else 0.0,
-        MAX_REL: float(rel.max()) if n else 0.0,
-        MEAN_REL: float(rel.mean()) if n else 0.0,
-        ONE_THOUSANDTH: float(np.mean(rel < 1e-3)) if n else 1.0,
-        FIVE_THOUSANDTHS: float(np.mean(rel < 5e-3)) if n else 1.0,
+        m.COSINE: cos,
+        m.RED: float(nd / ng) if ng else (math.inf if nd else 0.0),
+        m.NORM_REL: float(abs(nt - ng) / ng) if ng else (math.inf if nt else 0.0),
+        m.MAX_ABS: float(d.max()) if n else 0.0,
+        m.MEAN_ABS: float(d.mean()) if n else 0.0,
+        m.MAX_REL: float(rel.max()) if n else 0.0,
+        m.MEAN_REL: float(rel.mean()) if n else 0.0,
+        m.ONE_THOUSANDTH: float(np.mean(rel < 1e-3)) if n else 1.0,
+        m.FIVE_THOUSANDTHS: float(np.mean(rel < 5e-3)) if n else 1.0,
     }
     return out
 
@@ -81,7 +66,7 @@ def streamed(golden, target, cuts_g, cuts_t, block) -> dict[str, float]:
 
 def assert_close(got: dict[str, float], want: dict[str, float]) -> None:
     for name, value in want.items():
-        if name in (COSINE, NORM_REL):  # absolute precision ~1e-16 near 1 / near 0
+        if name in (m.COSINE, m.NORM_REL):  # absolute precision ~1e-16 near 1 / near 0
             assert math.isclose(got[name], value, rel_tol=0, abs_tol=1e-12), (
                 name,
                 got[name],
@@ -182,6 +167,6 @@ def test_cosine_when_blocks_mix_close_and_far_parts(parts, seed, block) -> None:
     acc = MetricAccumulator(FLOOR, block=block)
     acc.update(golden, target)
     got, want = acc.result(), reference(golden, target, FLOOR)
-    assert math.isclose(got[COSINE], want[COSINE], rel_tol=0, abs_tol=1e-12), (got, want)
-    for name in (RED, NORM_REL, MAX_ABS, MEAN_ABS, MAX_REL, MEAN_REL):
+    assert math.isclose(got[m.COSINE], want[m.COSINE], rel_tol=0, abs_tol=1e-12), (got, want)
+    for name in (m.RED, m.NORM_REL, m.MAX_ABS, m.MEAN_ABS, m.MAX_REL, m.MEAN_REL):
         assert math.isclose(got[name], want[name], rel_tol=1e-9, abs_tol=1e-12), name
