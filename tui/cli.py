@@ -15,6 +15,7 @@ from importlib import import_module
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
+SIDES = ("golden", "target")
 
 _HANDLERS: dict[str, str] = {
     "demo": "layerwatch.tui.demo:demo_main",
@@ -24,6 +25,12 @@ _HANDLERS: dict[str, str] = {
     "open": "layerwatch.tui.frontends:open_main",
     "compare": "layerwatch.engine.runner:compare_main",
 }
+
+
+def add_dump_pair(parser: argparse.ArgumentParser, suffix: str = "") -> None:
+    """The two dumps, golden first (``GOLDEN``/``TARGET`` + ``suffix`` in the usage line)."""
+    for side in SIDES:
+        parser.add_argument(side, metavar=side.upper() + suffix)
 
 
 def add_capture_options(parser: argparse.ArgumentParser) -> None:
@@ -82,16 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     run = sub.add_parser("run", help="launch or attach to both sides and compare live")
-    g = run.add_mutually_exclusive_group(required=True)
-    g.add_argument("--golden-cmd", metavar="CMD", help="golden inference command")
-    g.add_argument("--golden", metavar="DIR", help="golden dump directory (finished or being written)")
-    t = run.add_mutually_exclusive_group(required=True)
-    t.add_argument("--target-cmd", metavar="CMD", help="target inference command")
-    t.add_argument("--target", metavar="DIR", help="target dump directory (finished or being written)")
+    for side in SIDES:
+        group = run.add_mutually_exclusive_group(required=True)
+        group.add_argument(f"--{side}-cmd", metavar="CMD", help=f"{side} inference command")
+        group.add_argument(f"--{side}", metavar="DIR", help=f"{side} dump directory (finished or being written)")
     run.add_argument("--out", metavar="DIR", help="where launched commands dump (default: ./layerwatch-run)")
     run.add_argument("--shell", action="store_true", help="run the commands through /bin/sh")
-    run.add_argument("--golden-dumper", choices=("layerwatch", "msit"), default="layerwatch", help="msit: launch --golden-cmd under `msit llm dump` (Ascend ATB)")
-    run.add_argument("--target-dumper", choices=("layerwatch", "msit"), default="layerwatch", help="msit: launch --target-cmd under `msit llm dump` (Ascend ATB)")
+    for side in SIDES:
+        run.add_argument(f"--{side}-dumper", choices=("layerwatch", "msit"), default="layerwatch", help=f"msit: launch --{side}-cmd under `msit llm dump` (Ascend ATB)")
     run.add_argument("--headless", action="store_true", help="print progress lines instead of the TUI")
     add_capture_options(run)
     add_watch_options(run)
@@ -99,23 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_live_report_options(run)
 
     watch = sub.add_parser("watch", help="attach to two dumps being written by anything")
-    watch.add_argument("golden", metavar="GOLDEN_DIR")
-    watch.add_argument("target", metavar="TARGET_DIR")
+    add_dump_pair(watch, "_DIR")
     watch.add_argument("--headless", action="store_true", help="print progress lines instead of the TUI")
     add_watch_options(watch)
     add_compare_options(watch)
     add_live_report_options(watch)
 
     open_ = sub.add_parser("open", help="browse the comparison of two finished dumps")
-    open_.add_argument("golden", metavar="GOLDEN")
-    open_.add_argument("target", metavar="TARGET")
+    add_dump_pair(open_)
     open_.add_argument("--headless", action="store_true", help="print the results instead of opening the TUI")
     add_compare_options(open_)
     add_live_report_options(open_, idle=False)
 
     compare = sub.add_parser("compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure")
-    compare.add_argument("golden", metavar="GOLDEN")
-    compare.add_argument("target", metavar="TARGET")
+    add_dump_pair(compare)
     compare.add_argument("-o", "--output", metavar="CSV", help="write the report (msit columns + verdicts)")
     compare.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
