@@ -19,18 +19,24 @@ from .load import canonical_dtype, iter_chunks, load_flat
 from .logits import LogitsAccumulator, row_blocks
 from .metrics import MetricAccumulator, paired_chunks
 from .records import (
-    INF_GOLDEN,
-    INF_TARGET,
-    NAN_GOLDEN,
-    NAN_MISMATCH,
-    NAN_TARGET,
     Locator,
     PairResult,
     Stats,
     TensorRecord,
     Verdict,
 )
-from .segments import BATCH, SMALL, small_metrics
+from .segments import BATCH, SMALL, small_accumulators
+from .statistics import stats_metrics, stats_of, tensor_stats
+
+__all__ = [
+    "CHUNK",
+    "compare_pair",
+    "compare_pairs",
+    "stats_metrics",  # re-exported: public here before statistics.py held them
+    "tensor_measure",
+    "tensor_metrics",
+    "tensor_stats",
+]
 from .thresholds import Thresholds, dtype_class
 
 CHUNK = 1 << 17
@@ -67,9 +73,16 @@ def compare_pair(
     *,
     is_logits: bool = False,
     chunk_elems: int = CHUNK,
+    side_stats: bool = False,
 ) -> PairResult:
-    """Metrics and verdict for one pair. ``block``/``order`` are left for the session."""
-    return compare_pairs([(golden, target, is_logits)], thresholds, chunk_elems=chunk_elems)[0]
+    """Metrics and verdict for one pair. ``block``/``order`` are left for the session.
+
+    ``side_stats=True``: a side whose record carries no statistics gets them from the same pass
+    (``PairResult.golden_stats``/``target_stats``).
+    """
+    return compare_pairs(
+        [(golden, target, is_logits)], thresholds, chunk_elems=chunk_elems, side_stats=side_stats
+    )[0]
 
 
 def compare_pairs(
@@ -77,6 +90,7 @@ def compare_pairs(
     thresholds: Thresholds,
     *,
     chunk_elems: int = CHUNK,
+    side_stats: bool = False,
 ) -> list[PairResult]:
     """:func:`compare_pair` of each ``(golden, target, is_logits)``, in order.
 
@@ -84,25 +98,35 @@ def compare_pairs(
     a batch at a time (:mod:`.segments`); their metrics are the same as one at a time.
     """
     results: list[PairResult | None] = [None] * len(items)
-    small: dict[float, list[int]] = {}
+    small: dict[tuple[float, bool], list[int]] = {}
     for i, (golden, target, is_logits) in enumerate(items):
+        wanted = side_stats and (golden.stats is None or target.stats is None)
         floor = _small_floor(golden, target, is_logits, thresholds)
         if floor is None:
-            results[i] = _compare_one(golden, target, thresholds, is_logits, chunk_elems)
+            results[i] = _compare_one(golden, target, thresholds, is_logits, chunk_elems, wanted)
         else:
-            small.setdefault(floor, []).append(i)
-    for floor, indices in small.items():
+            small.setdefault((floor, wanted), []).append(i)
+    for (floor, wanted), indices in small.items():
         batch: list[int] = []
         held = 0
         for i in indices:
             size = math.prod(items[i][0].shape)
             if batch and held + size > BATCH:
-                _compare_small(items, batch, floor, thresholds, results)
+                _compare_small(items, batch, floor, thresholds, results, wanted)
                 batch, held = [], 0
             batch.append(i)
             held += size
-        _compare_small(items, batch, floor, thresholds, results)
+        _compare_small(items, batch, floor, thresholds, results, wanted)
     return [r for r in results if r is not None]
+
+
+def _keep_stats(result: PairResult, stats: tuple[Stats, Stats] | None) -> None:
+    """Side statistics for the sides whose records carry none."""
+    if stats is not None and result.golden is not None and result.target is not None:
+        if result.golden.stats is None:
+            result.golden_stats = stats[0]
+        if result.target.stats is None:
+            result.target_stats = stats[1]
 
 
 def _new_result(golden: TensorRecord, target: TensorRecord, is_logits: bool) -> PairResult:
@@ -145,6 +169,7 @@ def _compare_one(
     thresholds: Thresholds,
     is_logits: bool,
     chunk_elems: int,
+    side_stats: bool = False,
 ) -> PairResult:
     result = _new_result(golden, target, is_logits)
     if tuple(golden.shape) != tuple(target.shape):
@@ -154,7 +179,7 @@ def _compare_one(
         return result
     try:
         if golden.loc is not None and target.loc is not None:
-            metrics = tensor_metrics(
+            metrics, stats = tensor_measure(
                 golden.loc,
                 target.loc,
                 floor=thresholds.floor(golden.dtype, target.dtype),
@@ -162,17 +187,23 @@ def _compare_one(
                 logits=is_logits,
                 topk=thresholds.topk,
                 chunk_elems=chunk_elems,
+                side_stats=side_stats,
             )
         else:
+            stats = (
+                stats_of(golden, "golden", chunk_elems),
+                stats_of(target, "target", chunk_elems),
+            )
             metrics = stats_metrics(
-                _stats_of(golden, "golden", chunk_elems),
-                _stats_of(target, "target", chunk_elems),
+                *stats,
                 numel=math.prod(golden.shape),
                 floor=thresholds.floor(golden.dtype, target.dtype),
             )
+            stats = stats if side_stats else None
     except (LayerwatchError, OSError, ValueError, MemoryError) as exc:
         result.reason = _failure(golden, exc)
         return result
+    _keep_stats(result, stats)
     return _judged(result, metrics, thresholds)
 
 
@@ -202,6 +233,7 @@ def _compare_small(
     floor: float,
     thresholds: Thresholds,
     results: list[PairResult | None],
+    side_stats: bool,
 ) -> None:
     arrays: list[tuple[np.ndarray, np.ndarray]] = []
     loaded: list[PairResult] = []
@@ -218,8 +250,10 @@ def _compare_small(
             continue
         arrays.append((g, t))
         loaded.append(result)
-    for result, metrics in zip(loaded, small_metrics(arrays, floor), strict=True):
-        _judged(result, metrics, thresholds)
+    accs = small_accumulators(arrays, floor, side_stats=side_stats)
+    for result, acc in zip(loaded, accs, strict=True):
+        _keep_stats(result, acc.side_stats() if side_stats else None)
+        _judged(result, acc.result(), thresholds)
 
 
 def tensor_metrics(
@@ -233,7 +267,25 @@ def tensor_metrics(
     chunk_elems: int = CHUNK,
 ) -> dict[str, float]:
     """Stream both tensors once, chunk by chunk, into the metric (and logits) accumulators."""
-    acc = MetricAccumulator(floor, exact=exact)
+    metrics, _ = tensor_measure(
+        golden, target, floor=floor, exact=exact, logits=logits, topk=topk, chunk_elems=chunk_elems
+    )
+    return metrics
+
+
+def tensor_measure(
+    golden: Locator,
+    target: Locator,
+    *,
+    floor: float,
+    exact: bool = False,
+    logits: bool = False,
+    topk: int = 5,
+    chunk_elems: int = CHUNK,
+    side_stats: bool = False,
+) -> tuple[dict[str, float], tuple[Stats, Stats] | None]:
+    """:func:`tensor_metrics` and, with ``side_stats``, both sides' statistics (same pass)."""
+    acc = MetricAccumulator(floor, exact=exact, side_stats=side_stats)
     pairs = paired_chunks(
         iter_chunks(golden, chunk_elems, reuse=True), iter_chunks(target, chunk_elems, reuse=True)
     )
@@ -241,11 +293,11 @@ def tensor_metrics(
     if not (logits and vocab):
         for g, t in pairs:
             acc.update(g, t)
-        return acc.result()
+        return acc.result(), acc.side_stats() if side_stats else None
     lacc = LogitsAccumulator(vocab, topk)
     for g_rows, t_rows in row_blocks(_fed(acc, pairs), vocab):
         lacc.update(g_rows, t_rows)
-    return acc.result() | lacc.result()
+    return acc.result() | lacc.result(), acc.side_stats() if side_stats else None
 
 
 def _fed(
@@ -254,69 +306,3 @@ def _fed(
     for g, t in pairs:
         acc.update(g, t)
         yield g, t
-
-
-# -- statistics ------------------------------------------------------------------------------
-def tensor_stats(loc: Locator, chunk_elems: int = 1 << 22) -> Stats:
-    """max/min/mean/L2 norm over the finite elements (float64), NaN/Inf counted; streamed."""
-    hi, lo, total, sq, finite, nan, inf = -math.inf, math.inf, 0.0, 0.0, 0, 0, 0
-    for chunk in iter_chunks(loc, chunk_elems):
-        x = chunk.astype(np.float64)
-        if chunk.dtype.kind in "fc":
-            fin = np.isfinite(x)
-            if not fin.all():
-                n_nan = int(np.count_nonzero(np.isnan(x)))
-                nan += n_nan
-                inf += x.size - int(np.count_nonzero(fin)) - n_nan
-                x = x[fin]
-        if x.size:
-            hi, lo = max(hi, float(x.max())), min(lo, float(x.min()))
-            total += float(x.sum())
-            sq += float(x @ x)
-            finite += x.size
-    if not finite:
-        return Stats(math.nan, math.nan, math.nan, 0.0, nan, inf)
-    return Stats(hi, lo, total / finite, math.sqrt(sq), nan, inf)
-
-
-def _stats_of(record: TensorRecord, side: str, chunk_elems: int) -> Stats:
-    if record.stats is not None:
-        return record.stats
-    if record.loc is not None:
-        return tensor_stats(record.loc, chunk_elems)
-    raise LayerwatchError(f"{side} {record.key.label()} has neither tensor data nor statistics")
-
-
-def stats_metrics(golden: Stats, target: Stats, *, numel: int, floor: float) -> dict[str, float]:
-    """Errors of the statistics (msit ``-st`` names) and NaN/Inf counts.
-
-    Relative errors of max/min/mean are taken against max(|golden stat|, golden RMS) — the
-    RMS (norm/√n) is the tensor's own scale, so a mean that is ≈0 for a centred tensor does
-    not explode (msprobe's weakness) — and the L2 norm's against max(‖g‖, floor). The NaN/Inf
-    mismatch is a lower bound (positions are unknown): |Δ NaN count| + |Δ Inf count|.
-    """
-    finite = max(numel - int(golden.nan) - int(golden.inf), 1)
-    rms = golden.norm / math.sqrt(finite) if math.isfinite(golden.norm) else math.inf
-    out: dict[str, float] = {}
-    for name, g, t, scale in (
-        ("max", golden.max, target.max, max(rms, floor)),
-        ("min", golden.min, target.min, max(rms, floor)),
-        ("mean", golden.mean, target.mean, max(rms, floor)),
-        ("l2norm", golden.norm, target.norm, floor),
-    ):
-        diff = _stat_diff(g, t)
-        out[f"{name}_stat_relative_error"] = diff / max(abs(g), scale) if math.isfinite(g) else diff
-        out[f"{name}_stat_absolute_error"] = diff
-    out[NAN_MISMATCH] = float(abs(target.nan - golden.nan) + abs(target.inf - golden.inf))
-    out[NAN_GOLDEN], out[NAN_TARGET] = float(golden.nan), float(target.nan)
-    out[INF_GOLDEN], out[INF_TARGET] = float(golden.inf), float(target.inf)
-    return out
-
-
-def _stat_diff(g: float, t: float) -> float:
-    g_nan, t_nan = math.isnan(g), math.isnan(t)
-    if g_nan or t_nan:
-        return 0.0 if g_nan and t_nan else math.inf
-    if g == t:  # also equal infinities
-        return 0.0
-    return abs(t - g)

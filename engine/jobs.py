@@ -62,10 +62,14 @@ def _nbytes(record: TensorRecord) -> int:
     return record.loc.nbytes if record.loc is not None else 0
 
 
-def run_one(compare: CompareFn, thresholds: object, work: Work) -> PairResult:
-    """Compare one pair; a crash in the metric code becomes an ERROR verdict, never a traceback."""
+def run_one(
+    compare: CompareFn, thresholds: object, work: Work, side_stats: bool = False
+) -> PairResult:
+    """Compare one pair; a crash in the metric code becomes an ERROR verdict, never a traceback.
+    ``side_stats`` is passed on only when set (``compare_pair`` knows it; other compares need not)."""
+    extra = {"side_stats": True} if side_stats else {}
     try:
-        return compare(work.golden, work.target, thresholds, is_logits=work.is_logits)
+        return compare(work.golden, work.target, thresholds, is_logits=work.is_logits, **extra)
     except LayerwatchError as exc:
         message = str(exc)
     except Exception as exc:  # a bug or an unreadable payload: report it on the pair
@@ -73,22 +77,30 @@ def run_one(compare: CompareFn, thresholds: object, work: Work) -> PairResult:
     return _error(work, message)
 
 
-def run_many(compare: CompareFn, thresholds: object, works: list[Work]) -> list[PairResult]:
+def run_many(
+    compare: CompareFn, thresholds: object, works: list[Work], side_stats: bool = False
+) -> list[PairResult]:
     """Several pairs, results in order; small pairs a batch at a time when ``compare`` is the
     engine's ``compare_pair`` (same results). A failure of the batch falls back to one by one."""
     from .compare import compare_pair, compare_pairs
 
     if compare is compare_pair and len(works) > 1:
         try:
-            return compare_pairs([(w.golden, w.target, w.is_logits) for w in works], thresholds)  # type: ignore[arg-type]
+            return compare_pairs(
+                [(w.golden, w.target, w.is_logits) for w in works],
+                thresholds,  # type: ignore[arg-type]
+                side_stats=side_stats,
+            )
         except Exception:  # a bug in the batch path must not cost the pairs: one by one
             pass
-    return [run_one(compare, thresholds, w) for w in works]
+    return [run_one(compare, thresholds, w, side_stats) for w in works]
 
 
-def pool_task(compare: CompareFn, thresholds: object, works: list[Work]) -> list[PairResult]:
+def pool_task(
+    compare: CompareFn, thresholds: object, works: list[Work], side_stats: bool = False
+) -> list[PairResult]:
     """A worker's share: results without their records (the caller has them; saves pickling)."""
-    results = run_many(compare, thresholds, works)
+    results = run_many(compare, thresholds, works, side_stats)
     for result in results:
         result.golden = result.target = None
     return results
@@ -118,6 +130,8 @@ def rejudge(work: Work, base: PairResult, thresholds: object) -> PairResult:
         work.target,
         node_type=work.golden.node_type or work.target.node_type,
         is_logits=work.is_logits,
+        golden_stats=base.golden_stats if work.golden.stats is None else None,
+        target_stats=base.target_stats if work.target.stats is None else None,
     )
 
 
@@ -144,6 +158,8 @@ class JobRunner:
         self.big_bytes = big_bytes
         self.notes: list[str] = []
         """One-line notes for the user (the pool could not start...); the caller drains them."""
+        self.side_stats = False
+        """Ask the compare function for side statistics (records without any; CSV reports)."""
         self.shares_elsewhere = 0
         """Shares compared in another process so far (forked children or pool tasks)."""
         self._pool: Executor | None = None
@@ -179,7 +195,7 @@ class JobRunner:
         for task in tasks:
             share = [work[i] for i in task]
             future = self._fork(share) or self.submit(
-                pool_task, self.compare, self.thresholds, share
+                pool_task, self.compare, self.thresholds, share, self.side_stats
             )
             if future is None:  # no worker: this share is compared here too
                 inline = sorted(inline + task)
@@ -190,7 +206,9 @@ class JobRunner:
         for start in range(0, len(inline), PROGRESS_EVERY):
             part = inline[start : start + PROGRESS_EVERY]
             for i, result in zip(
-                part, run_many(self.compare, self.thresholds, [work[i] for i in part]), strict=True
+                part,
+                run_many(self.compare, self.thresholds, [work[i] for i in part], self.side_stats),
+                strict=True,
             ):
                 results[i] = result
             done += len(part)
@@ -216,7 +234,7 @@ class JobRunner:
         if self._pool is not None or not can_fork():
             return None
         try:
-            return Forked(pool_task, self.compare, self.thresholds, share)
+            return Forked(pool_task, self.compare, self.thresholds, share, self.side_stats)
         except OSError:  # no fork (process limit...): the pool or this process does it
             return None
 

@@ -232,6 +232,11 @@ class PairResult:
     block: int = -1
     """Index of the grid column (block) the node belongs to; -1 while unknown."""
     is_logits: bool = False
+    golden_stats: Stats | None = None
+    """Statistics of the golden tensor gathered by the compare pass when its record carries none
+    and they were asked for (``layerwatch compare -o``: msit's max/min/mean columns)."""
+    target_stats: Stats | None = None
+    """The same for the target tensor."""
 
     def __bool__(self) -> bool:
         return self.verdict is Verdict.PASS

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from .records import COSINE, MSIT_METRICS, PairResult, TensorRecord
+from .records import COSINE, MSIT_METRICS, PairResult, Stats, TensorRecord
 from .seam import BlockInfo, Finding, Summary
 
 MSIT_COLUMNS = (
@@ -64,10 +64,11 @@ def _num(value: float | None) -> str:
     return repr(float(value))
 
 
-def _side(record: TensorRecord | None) -> list[str]:
+def _side(record: TensorRecord | None, computed: Stats | None = None) -> list[str]:
+    """msit's 7 columns of one side; statistics from the record, else from the compare pass."""
     if record is None:
         return [""] * 7
-    stats = record.stats
+    stats = record.stats or computed
     dtype = record.dtype if record.dtype.startswith("torch.") else f"torch.{record.dtype}"
     return [
         record.source or (record.loc.path if record.loc else ""),
@@ -87,8 +88,8 @@ def csv_row(result: PairResult, data_id: int) -> list[str]:
     return [
         str(result.key.token),
         str(data_id),
-        *_side(result.golden),
-        *_side(result.target),
+        *_side(result.golden, result.golden_stats),
+        *_side(result.target, result.target_stats),
         *(_num(metrics.get(name)) for name in MSIT_METRICS),
         fail_reason,
         verdict,

@@ -79,6 +79,7 @@ def compare_main(args: argparse.Namespace) -> int:
         tokens=tokens,
         jobs=jobs,
         auto_map=True if getattr(args, "auto_map", False) else None,
+        side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
     )
     try:
         # Parsed here, one after the other: a second process parsing one dump in parallel saved

@@ -34,7 +34,14 @@ def small_metrics(
 
     The caller bounds the batch (:data:`BATCH` elements in all is a good size).
     """
-    accs = [MetricAccumulator(rel_floor) for _ in pairs]
+    return [acc.result() for acc in small_accumulators(pairs, rel_floor)]
+
+
+def small_accumulators(
+    pairs: Sequence[tuple[np.ndarray, np.ndarray]], rel_floor: float, *, side_stats: bool = False
+) -> list[MetricAccumulator]:
+    """One filled accumulator per pair (``result()``, ``side_stats()``)."""
+    accs = [MetricAccumulator(rel_floor, side_stats=side_stats) for _ in pairs]
     live = [i for i, (g, _) in enumerate(pairs) if g.size]
     for i in live:
         g, t = pairs[i]
@@ -44,13 +51,13 @@ def small_metrics(
     if live:
         redo = _fill(accs, live, [pairs[i][0] for i in live], [pairs[i][1] for i in live])
         for i in redo:  # a NaN/Inf (or a float64 overflow) inside: count, then the finite part
-            acc = accs[i] = MetricAccumulator(rel_floor)
+            acc = accs[i] = MetricAccumulator(rel_floor, side_stats=side_stats)
             g, t = pairs[i]
             acc.n = g.size
             both = acc.count_nonfinite(g, t)
             if both.any():
                 _fill([acc], [0], [g[both]], [t[both]], checked=True)
-    return [acc.result() for acc in accs]
+    return accs
 
 
 def _fill(
@@ -68,10 +75,12 @@ def _fill(
     np.cumsum(lens[:-1], out=starts[1:])
     g = np.concatenate(gs, dtype=np.float64)
     t = np.concatenate(ts, dtype=np.float64)
+    sides = accs[which[0]].sides is not None
     with np.errstate(all="ignore"):  # segments with NaN/Inf are redone by the caller
+        extremes = _segment_extremes(g, t, starts) if sides else ()
         sums = _segment_sums(g, t, starts, accs[which[0]].rel_floor)
     redo = []
-    columns = zip(lens.tolist(), *(x.tolist() for x in sums), strict=True)
+    columns = zip(lens.tolist(), *(x.tolist() for x in sums + extremes), strict=True)
     for k, (n, is_bad, *values) in enumerate(columns):
         if is_bad and not checked:
             redo.append(which[k])
@@ -79,8 +88,23 @@ def _fill(
         acc = accs[which[k]]
         acc.n_finite = n
         (acc.gg, acc.tt, acc.gt, acc.dd, acc.max_abs, acc.sum_abs) = values[:6]
-        (acc.max_rel, acc.sum_rel, acc.c1, acc.c5) = values[6:]
+        (acc.max_rel, acc.sum_rel, acc.c1, acc.c5) = values[6:10]
+        if acc.sides is not None:  # added: a redone segment may hold one-sided values already
+            acc.sides[0].add_sums(*values[10:13], acc.gg, n)
+            acc.sides[1].add_sums(*values[13:16], acc.tt, n)
     return redo
+
+
+def _segment_extremes(g: np.ndarray, t: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per segment: max, min, sum of ``g``, then of ``t`` (side statistics)."""
+    out: tuple[np.ndarray, ...] = ()
+    for x in (g, t):
+        out += (
+            np.maximum.reduceat(x, starts),
+            np.minimum.reduceat(x, starts),
+            np.add.reduceat(x, starts),
+        )
+    return out
 
 
 def _segment_sums(

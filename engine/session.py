@@ -53,6 +53,7 @@ class CompareSession(SessionState):
         auto_map: bool | None = None,
         compare: CompareFn | None = None,
         big_bytes: int = 1 << 21,
+        side_stats: bool = False,
     ) -> None:
         super().__init__()
         if thresholds is None or isinstance(thresholds, str | Path):
@@ -71,6 +72,7 @@ class CompareSession(SessionState):
         self.sink = sink
         self.pairer = Pairer(mapping, auto_map)
         self.runner = JobRunner(compare, thresholds, jobs, big_bytes)
+        self.runner.side_stats = side_stats  # statistics of stat-less records (CSV columns)
         self._flush_lock = threading.Lock()
         self._reuse: dict[tuple[object, ...], PairResult] = {}
         """Raw result per (golden payload, target payload, logits): identical bytes compare once."""

@@ -256,6 +256,8 @@ class SessionState:
             node_type=golden.node_type or target.node_type or raw.node_type,
             block=self._layout.block_of(pair.gkey.node, part_of(pair.gkey.stem)),
             is_logits=pair.logits,
+            golden_stats=raw.golden_stats,
+            target_stats=raw.target_stats,
         )
 
     def _set_eff(self, pair: _Pair) -> None:

@@ -13,7 +13,7 @@ import pytest
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.forked import Forked, can_fork
 from layerwatch.engine.jobs import JobRunner, Work
-from layerwatch.engine.records import COSINE, TensorKey, TensorRecord
+from layerwatch.engine.records import COSINE, TensorRecord
 from support.toy_model import ToyRun
 
 
@@ -35,8 +35,8 @@ def test_shares_cover_every_pair_once_balanced_by_cost(toy_runs: dict[str, ToyRu
     assert few == ([], list(range(10)))  # too little work for a pool
 
 
-def _key_metrics(results: list) -> list[tuple[TensorKey, str, dict[str, float]]]:
-    return [(r.key, r.verdict.value, r.metrics) for r in results]
+def _key_metrics(results: list) -> list[tuple[object, ...]]:
+    return [(r.key, r.verdict.value, r.metrics, r.golden_stats, r.target_stats) for r in results]
 
 
 def test_results_do_not_depend_on_jobs(toy_runs: dict[str, ToyRun]) -> None:
@@ -45,9 +45,13 @@ def test_results_do_not_depend_on_jobs(toy_runs: dict[str, ToyRun]) -> None:
 
     work = _works(toy_runs["golden"], toy_runs["faulty"])
     th = Thresholds.default()
-    one = JobRunner(compare_pair, th, jobs=1).run(work)
+    first = JobRunner(compare_pair, th, jobs=1)
+    first.side_stats = True
+    one = first.run(work)
+    assert all(r.golden_stats is not None for r in one)  # the toy's records carry none
     for compare in (compare_pair, compare_noting_pid):
         runner = JobRunner(compare, th, jobs=2, big_bytes=1 << 40)
+        runner.side_stats = True
         try:
             two = runner.run(work)
         finally:
@@ -58,11 +62,11 @@ def test_results_do_not_depend_on_jobs(toy_runs: dict[str, ToyRun]) -> None:
     assert len({r.node_type for r in two}) == 2  # a share really ran in another process
 
 
-def compare_noting_pid(golden, target, thresholds, *, is_logits=False):
+def compare_noting_pid(golden, target, thresholds, *, is_logits=False, side_stats=False):
     """compare_pair, one pair at a time, noting which process compared the pair."""
     from layerwatch.engine.compare import compare_pair
 
-    result = compare_pair(golden, target, thresholds, is_logits=is_logits)
+    result = compare_pair(golden, target, thresholds, is_logits=is_logits, side_stats=side_stats)
     result.node_type = str(os.getpid())
     return result
 
