@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from layerwatch.engine.readers import open_dump
 from layerwatch.engine.records import Verdict
 from layerwatch.engine.session import CompareSession
 from layerwatch.engine.thresholds import Thresholds
+from support.sessions import compare_dumps
 
 demo = pytest.importorskip("layerwatch.capture.demo")
 if not hasattr(demo, "FAULTS"):
@@ -79,12 +79,7 @@ def dump_demo(out: Path, *, dtype: str = "fp32", fault: str | None = None) -> Pa
 
 
 def session_of(golden: Path, target: Path) -> CompareSession:
-    session = CompareSession()
-    for side, path in (("golden", golden), ("target", target)):
-        session.add_update(side, open_dump(path, side).poll())
-        session.finish(side)
-    session.flush()
-    return session
+    return compare_dumps(golden, target)
 
 
 @pytest.fixture(scope="module")

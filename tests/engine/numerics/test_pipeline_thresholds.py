@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from layerwatch.capture import DumpConfig, register_hook
-from layerwatch.engine.readers import open_dump
 from layerwatch.engine.records import Verdict
 from layerwatch.engine.session import CompareSession
+from support.sessions import compare_dumps
 
 transformers = pytest.importorskip("transformers")
 
@@ -55,12 +55,7 @@ def dump(
 
 
 def compare(golden: Path, target: Path) -> CompareSession:
-    session = CompareSession()
-    for side, path in (("golden", golden), ("target", target)):
-        session.add_update(side, open_dump(path, side).poll())
-        session.finish(side)
-    session.flush()
-    return session
+    return compare_dumps(golden, target)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from layerwatch.engine.cells import same_cell
 from layerwatch.engine.readers.base import ReaderUpdate
 from layerwatch.engine.seam import CellUpdate, QueueSink
 from layerwatch.engine.session import CompareSession
+from support.sessions import finished_session
 from support.toy_model import Fault, ToyModel, ToyRun, meta_names, renamed
 
 META_TYPES = {
@@ -55,13 +56,7 @@ def scenarios(
 
 
 def _reference(golden: ToyRun, target: ToyRun, kwargs: dict[str, object]) -> CompareSession:
-    session = CompareSession(**kwargs)  # type: ignore[arg-type]
-    session.add_update("golden", golden.update())
-    session.add_update("target", target.update())
-    session.finish("golden")
-    session.finish("target")
-    session.flush()
-    return session
+    return finished_session(golden.update(), target.update(), **kwargs)
 
 
 def _fingerprint(session: CompareSession) -> list[tuple[object, ...]]:

@@ -11,6 +11,7 @@ from layerwatch.engine.pairing import MsitOpMapping, NameRules, load_mapping
 from layerwatch.engine.records import TensorKey, TensorRecord, Verdict
 from layerwatch.engine.session import CompareSession
 from layerwatch.engine.weightmap import match_by_weights
+from support.sessions import finished_session
 from support.toy_model import ToyModel, ToyRun, meta_names, renamed, write_tensor
 
 META_TYPES = {
@@ -96,13 +97,7 @@ def pair_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ToyRun]:
 
 
 def run_session(golden: ToyRun, target: ToyRun, **kwargs: object) -> CompareSession:
-    session = CompareSession(**kwargs)  # type: ignore[arg-type]
-    session.add_update("golden", golden.update())
-    session.add_update("target", target.update())
-    session.finish("golden")
-    session.finish("target")
-    session.flush()
-    return session
+    return finished_session(golden.update(), target.update(), **kwargs)
 
 
 def test_names_alone_pair_almost_nothing(pair_runs: dict[str, ToyRun]) -> None:

@@ -12,17 +12,12 @@ import pytest
 from layerwatch.engine.records import COSINE, TensorRecord, Verdict
 from layerwatch.engine.seam import CellState, QueueSink
 from layerwatch.engine.session import CompareSession
+from support.sessions import finished_session
 from support.toy_model import Fault, ToyModel, ToyRun
 
 
 def compare(golden: ToyRun, target: ToyRun, **kwargs: object) -> CompareSession:
-    session = CompareSession(**kwargs)  # type: ignore[arg-type]
-    session.add_update("golden", golden.update())
-    session.add_update("target", target.update())
-    session.finish("golden")
-    session.finish("target")
-    session.flush()
-    return session
+    return finished_session(golden.update(), target.update(), **kwargs)
 
 
 def teacher_forced(golden: ToyRun, tokens: int = 4) -> dict[int, int]:
