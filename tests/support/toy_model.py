@@ -10,7 +10,7 @@ damage propagates downstream as it would in a real model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -289,15 +289,10 @@ def renamed(run: ToyRun, rename: dict[str, str], types: dict[str, str] | None = 
         added = topo.add(new, types.get(node.type, node.type), parent, node.order)
         added.params = dict(node.params)
     records = [
-        TensorRecord(
-            TensorKey(r.key.token, new_names.get(r.key.node, r.key.node), r.key.stem),
-            r.dtype,
-            r.shape,
-            r.loc,
-            r.stats,
-            r.order,
-            types.get(r.node_type, r.node_type),
-            r.source,
+        replace(
+            r,
+            key=replace(r.key, node=new_names.get(r.key.node, r.key.node)),
+            node_type=types.get(r.node_type, r.node_type),
         )
         for r in run.records
     ]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.pairing import MsitOpMapping, NameRules, load_mapping
-from layerwatch.engine.records import TensorKey, TensorRecord, Verdict
+from layerwatch.engine.records import TensorKey, Verdict
 from layerwatch.engine.session import CompareSession
 from layerwatch.engine.weightmap import match_by_weights
 from support.sessions import finished_session
@@ -83,16 +84,7 @@ def pair_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ToyRun]:
     # the Meta attention's file stem is ``output_attn`` (a stem rule maps it back)
     for i, r in enumerate(meta.records):
         if r.key.node.endswith(".attention") and r.key.stem == "output":
-            meta.records[i] = TensorRecord(
-                TensorKey(r.key.token, r.key.node, "output_attn"),
-                r.dtype,
-                r.shape,
-                r.loc,
-                r.stats,
-                r.order,
-                r.node_type,
-                r.source,
-            )
+            meta.records[i] = replace(r, key=replace(r.key, stem="output_attn"))
     return {"golden": golden, "meta": meta, "model": model}  # type: ignore[dict-item]
 
 
@@ -210,18 +202,7 @@ def test_msit_op_mapping_file_pairs_by_type_within_layers(
     )  # type: ignore[attr-defined]
     # ATB names outputs outtensor{i} -> output_{i}
     target.records = [
-        TensorRecord(
-            TensorKey(
-                r.key.token, r.key.node, "output_0" if r.key.stem == "output" else r.key.stem
-            ),
-            r.dtype,
-            r.shape,
-            r.loc,
-            r.stats,
-            r.order,
-            r.node_type,
-            r.source,
-        )
+        replace(r, key=replace(r.key, stem="output_0")) if r.key.stem == "output" else r
         for r in target.records
     ]
     (tmp_path / "map").mkdir()
