@@ -299,6 +299,16 @@ def renamed(run: ToyRun, rename: dict[str, str], types: dict[str, str] | None = 
     return ToyRun(records, topo, dict(run.token_ids), list(run.generated))
 
 
+META_TYPES = {
+    "ToyForCausalLM": "Transformer",
+    "ToyDecoderLayer": "TransformerBlock",
+    "ToyAttention": "Attention",
+    "ToyMLP": "FeedForward",
+    "RMSNorm": "MetaRMSNorm",
+}
+"""The toy's classes under Meta-Llama names (``renamed(run, meta_names(n), META_TYPES)``)."""
+
+
 def meta_names(layers: int) -> dict[str, str]:
     """HF-style toy names → Meta-Llama-style names (no ``model`` level, other attribute names)."""
     out = {

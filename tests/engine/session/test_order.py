@@ -18,15 +18,7 @@ from layerwatch.engine.readers.base import ReaderUpdate
 from layerwatch.engine.seam import CellUpdate, QueueSink
 from layerwatch.engine.session import CompareSession
 from support.sessions import finished_session
-from support.toy_model import Fault, ToyModel, ToyRun, meta_names, renamed
-
-META_TYPES = {
-    "ToyForCausalLM": "Transformer",
-    "ToyDecoderLayer": "TransformerBlock",
-    "ToyAttention": "Attention",
-    "ToyMLP": "FeedForward",
-    "RMSNorm": "MetaRMSNorm",
-}
+from support.toy_model import META_TYPES, Fault, ToyModel, ToyRun, meta_names, renamed
 
 
 @pytest.fixture(scope="module")

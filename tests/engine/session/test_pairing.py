@@ -13,15 +13,8 @@ from layerwatch.engine.records import TensorKey, Verdict
 from layerwatch.engine.session import CompareSession
 from layerwatch.engine.weightmap import match_by_weights
 from support.sessions import finished_session
-from support.toy_model import ToyModel, ToyRun, meta_names, renamed, write_tensor
+from support.toy_model import META_TYPES, ToyModel, ToyRun, meta_names, renamed, write_tensor
 
-META_TYPES = {
-    "ToyForCausalLM": "Transformer",
-    "ToyDecoderLayer": "TransformerBlock",
-    "ToyAttention": "Attention",
-    "ToyMLP": "FeedForward",
-    "RMSNorm": "MetaRMSNorm",
-}
 RULES_TOML = r"""
 # Meta-Llama names (target) -> the golden's Hugging Face names
 [[node]]
