@@ -188,9 +188,11 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     ours = [sys.executable, "-m", "layerwatch.tui", "compare", str(golden), str(target), "--json"]
     timed(ours, env, 1)  # warm-up: writes __pycache__ once
     row: dict[str, float] = {"MB": nbytes / 1e6, "tensors": tensors, "floor_s": floor_s}
+    row["load_start"] = os.getloadavg()[0]
     for jobs in args.jobs:
         walls, cpus, out = timed([*ours, "--jobs", str(jobs)], env, args.repeat)
         row[f"ours_j{jobs}_s"] = statistics.median(walls)
+        row[f"ours_j{jobs}_min"] = min(walls)
         row[f"ours_j{jobs}_cpu"] = statistics.median(cpus)
         row["pairs"] = json.loads(out)["summary"]["pairs"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -209,7 +211,9 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         ]
         walls, cpus, _ = timed(msit, env, args.msit_repeat)
         row["msit_s"] = statistics.median(walls)
+        row["msit_min"] = min(walls)
         row["msit_cpu"] = statistics.median(cpus)
+    row["load_end"] = os.getloadavg()[0]
     if args.layerwatch_format:
         lw_golden, lw_target = ensure_layerwatch_dumps(args.work, case)
         _, lw_bytes, _ = load_floor(lw_golden, lw_target, 1)
@@ -243,16 +247,19 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
     print(
         f"  load floor (read every payload once, in-process): {row['floor_s']:.3f} s = {mb / row['floor_s']:.0f} MB/s"
     )
+    print(f"  load average {row['load_start']:.1f} → {row['load_end']:.1f} while timing")
     print(
-        f"  msit llm compare -cl api: {row['msit_s']:.2f} s wall ({row['msit_cpu']:.2f} s CPU) = "
-        f"{mb / row['msit_s']:.1f} MB/s, {pairs / row['msit_s']:.0f} pairs/s"
+        f"  msit llm compare -cl api: {row['msit_s']:.2f} s wall (min {row['msit_min']:.2f}; "
+        f"{row['msit_cpu']:.2f} s CPU) = {mb / row['msit_s']:.1f} MB/s, "
+        f"{pairs / row['msit_s']:.0f} pairs/s"
     )
     for j in jobs:
-        s, cpu = row[f"ours_j{j}_s"], row[f"ours_j{j}_cpu"]
+        s, cpu, low = row[f"ours_j{j}_s"], row[f"ours_j{j}_cpu"], row[f"ours_j{j}_min"]
         print(
-            f"  layerwatch compare --jobs {j}: {s:.2f} s wall ({cpu:.2f} s CPU) = {mb / s:.0f} MB/s, "
-            f"{pairs / s:.0f} pairs/s  → {row['msit_s'] / s:.1f}× msit by wall, "
-            f"{row['msit_cpu'] / cpu:.1f}× by CPU; {row['floor_s'] / s:.0%} of the load floor"
+            f"  layerwatch compare --jobs {j}: {s:.2f} s wall (min {low:.2f}; {cpu:.2f} s CPU) = "
+            f"{mb / s:.0f} MB/s, {pairs / s:.0f} pairs/s  → {row['msit_s'] / s:.1f}× msit by "
+            f"wall (min/min {row['msit_min'] / low:.1f}×), {row['msit_cpu'] / cpu:.1f}× by CPU; "
+            f"{row['floor_s'] / s:.0%} of the load floor"
         )
     if "lw_s" in row:
         s, cpu = row["lw_s"], row["lw_cpu"]

@@ -267,7 +267,7 @@ MEMORY = textwrap.dedent("""
 
 def section_memory(sizes_mb: list[int], tmp: Path) -> None:
     print(
-        "== memory: peak RSS growth of one compare_pair (fp32 vs fp32, default 4 Mi-element chunks) =="
+        "== memory: peak RSS growth of one compare_pair (fp32 vs fp32, default chunks of compare.CHUNK elements, read into reused buffers) =="
     )
     for size in sizes_mb:
         n = (size << 20) // 4
