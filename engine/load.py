@@ -71,18 +71,30 @@ NZ_M0 = 16
 """Rows per FRACTAL_NZ block (the block's N0 columns make 32 bytes)."""
 
 
+_CANONICAL: dict[str, str] = {}
+"""Names seen so far → canonical name (called per tensor: a dict hit instead of string work)."""
+
+
 def canonical_dtype(name: str) -> str:
     """``torch.float32`` / ``fp32`` / ``float`` → ``float32``; unknown names raise ``LayerwatchError``."""
+    known = _CANONICAL.get(name)
+    if known is not None:
+        return known
     key = name.strip().lower().removeprefix("torch.").removeprefix("np.").removeprefix("numpy.")
     key = _ALIASES.get(key, key)
     if key not in _STORAGE:
         raise LayerwatchError(f"unsupported dtype {name!r}")
+    if len(_CANONICAL) < 1024:
+        _CANONICAL[name] = key
     return key
+
+
+_STORED = {name: np.dtype(code) for name, code in _STORAGE.items()}
 
 
 def storage_dtype(name: str) -> np.dtype:
     """The numpy dtype of the bytes as stored (bf16 and fp8 as unsigned ints)."""
-    return np.dtype(_STORAGE[canonical_dtype(name)])
+    return _STORED[canonical_dtype(name)]
 
 
 def itemsize(name: str) -> int:
@@ -339,12 +351,12 @@ def load_flat(loc: Locator) -> np.ndarray:
     """The tensor's elements in C order, 1-D, decoded like :func:`load_array` — with the fewest
     system calls for a small contiguous payload (``open``/``pread``/``close``, no file object)."""
     dt = canonical_dtype(loc.dtype)
-    shape = tuple(int(d) for d in loc.shape)
-    if loc.layout or not _is_contiguous(shape, loc.strides and tuple(loc.strides)):
+    if loc.layout or (
+        loc.strides is not None and not _is_contiguous(tuple(loc.shape), tuple(loc.strides))
+    ):
         return load_array(loc).reshape(-1)
-    sdt = storage_dtype(dt)
-    count = math.prod(shape)
-    want = count * sdt.itemsize
+    sdt = _STORED[dt]
+    want = math.prod(loc.shape) * sdt.itemsize
     start = loc.offset + loc.elem_offset * sdt.itemsize
     try:
         fd = os.open(loc.path, os.O_RDONLY)

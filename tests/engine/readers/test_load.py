@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.load import canonical_dtype, iter_chunks, load_array
+from layerwatch.engine.load import canonical_dtype, iter_chunks, load_array, load_flat
 from layerwatch.engine.records import Locator
 
 NUMPY_DTYPES = {
@@ -140,6 +140,8 @@ def test_strided_views_match_numpy(tmp_path: Path) -> None:
     s3 = _loc(loc, "float32", (2, 4, 3), strides=(24, 0, 5), elem_offset=3)
     np.testing.assert_array_equal(load_array(s3), view3)
     np.testing.assert_array_equal(np.concatenate(list(iter_chunks(s3, 5))), view3.reshape(-1))
+    for located, want in ((strided, view), (s3, view3)):  # load_flat: the small-pair reader
+        np.testing.assert_array_equal(load_flat(located), want.reshape(-1))
 
 
 def test_strided_bfloat16(tmp_path: Path) -> None:
@@ -266,16 +268,23 @@ def test_reused_chunks_equal_fresh_chunks(
     for a, b in zip(fresh, reused, strict=True):
         assert a.dtype == b.dtype
         assert a.tobytes() == b.tobytes()  # bit-exact, NaN payloads too
+    if not as_float:
+        flat = load_flat(loc)
+        assert flat.dtype == load_array(loc).dtype
+        assert flat.tobytes() == load_array(loc).tobytes()
 
 
-def test_reused_chunks_of_a_truncated_file_are_a_one_line_error(tmp_path: Path) -> None:
+def test_reused_chunks_and_flat_loads_of_a_truncated_file_are_a_one_line_error(
+    tmp_path: Path,
+) -> None:
     data = np.arange(100, dtype=np.float32)
     path = tmp_path / "t.bin"
     path.write_bytes(data.tobytes()[:-3])
     loc = Locator(str(path), 0, 400, "float32", (100,))
-    with pytest.raises(LayerwatchError, match="truncated") as err:
-        list(iter_chunks(loc, 30, reuse=True))
-    assert "\n" not in str(err.value) and str(path) in str(err.value)
+    for call in (lambda: list(iter_chunks(loc, 30, reuse=True)), lambda: load_flat(loc)):
+        with pytest.raises(LayerwatchError, match="truncated") as err:
+            call()
+        assert "\n" not in str(err.value) and str(path) in str(err.value)
     missing = Locator(str(tmp_path / "nope.bin"), 0, 4, "float32", (1,))
     with pytest.raises(LayerwatchError, match="not found"):
         list(iter_chunks(missing, 30, reuse=True))
