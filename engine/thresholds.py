@@ -14,7 +14,7 @@ import fnmatch
 import functools
 import math
 from dataclasses import dataclass, field
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 try:
@@ -258,7 +258,13 @@ def fmt_value(name: str, value: float) -> str:
 # -- TOML ------------------------------------------------------------------------------------
 @functools.cache
 def _default_raw() -> dict[str, Any]:
-    text = resources.files(__package__).joinpath("thresholds.toml").read_text(encoding="utf-8")
+    packaged = Path(__file__).with_name("thresholds.toml")
+    if packaged.is_file():  # installed as files: no importlib.resources (~8 ms of start-up)
+        text = packaged.read_text(encoding="utf-8")
+    else:  # a zipped install
+        from importlib import resources
+
+        text = resources.files(__package__).joinpath("thresholds.toml").read_text(encoding="utf-8")
     raw = tomllib.loads(text)
     validate(raw, "thresholds.toml")
     return raw
