@@ -137,3 +137,28 @@ def test_forked_child_returns_raises_or_reports_its_death() -> None:
         Forked(_boom, "bad dump").result()
     with pytest.raises(ChildProcessError, match="signal 9"):
         Forked(_die).result()
+
+
+def test_with_other_threads_the_pool_compares_the_shares(toy_runs: dict[str, ToyRun]) -> None:
+    """Fork is unsafe once other threads run (the live pipeline, the TUI): a process pool then."""
+    import threading
+
+    from layerwatch.engine.compare import compare_pair
+    from layerwatch.engine.thresholds import Thresholds
+
+    work = _works(toy_runs["golden"], toy_runs["faulty"])
+    th = Thresholds.default()
+    one = JobRunner(compare_pair, th, jobs=1).run(work)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    runner = JobRunner(compare_pair, th, jobs=2, big_bytes=1 << 40)
+    try:
+        assert not can_fork()
+        two = runner.run(work)
+        assert runner._pool is not None and runner.shares_elsewhere == 1
+    finally:
+        stop.set()
+        other.join()
+        runner.close()
+    assert _key_metrics(two) == _key_metrics(one)
