@@ -117,14 +117,19 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
     def first_column(self) -> int:
         return int(self.scroll_offset.x) // COLUMN
 
+    def _last_top(self) -> int:
+        """The lowest first row: the newest token on the last line — or, while following, up
+        to the third of a page :meth:`scroll_to_cursor` jumps ahead, so the next tokens fill
+        blank lines instead of scrolling (a full repaint) at every new token."""
+        slack = self.data_height // 3 if self.following else 0
+        return max(self.model.n_tokens + 1 - self.scrollable_content_region.height + slack, 0)
+
     def validate_scroll_y(self, value: float) -> float:
         """Never past the newest token, although the virtual height runs ahead of it."""
-        last_top = max(self.model.n_tokens + 1 - self.scrollable_content_region.height, 0)
-        return min(super().validate_scroll_y(value), last_top)
+        return min(super().validate_scroll_y(value), self._last_top())
 
     def validate_scroll_target_y(self, value: float) -> float:
-        last_top = max(self.model.n_tokens + 1 - self.scrollable_content_region.height, 0)
-        return min(super().validate_scroll_target_y(value), last_top)
+        return min(super().validate_scroll_target_y(value), self._last_top())
 
     def validate_scroll_x(self, value: float) -> float:
         return round(super().validate_scroll_x(value) / COLUMN) * COLUMN
@@ -352,7 +357,9 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
         elif self.cursor_col >= first + columns:
             first = self.cursor_col - columns + 1
         if (top, first * COLUMN) != (int(self.scroll_offset.y), int(self.scroll_offset.x)):
-            self.scroll_to(first * COLUMN, top, animate=False, immediate=True)
+            # force: the tick the rows first overflow, the scrollbar is not laid out yet and
+            # an unforced scroll was dropped (the newest token stayed below the screen).
+            self.scroll_to(first * COLUMN, top, animate=False, immediate=True, force=True)
 
     def set_following(self, following: bool) -> None:
         if following != self.following:
