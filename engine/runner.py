@@ -85,7 +85,7 @@ def compare_main(args: argparse.Namespace) -> int:
         # Parsed here, one after the other: a second process parsing one dump in parallel saved
         # ~25 ms on a quiet box and cost ~60 ms on a busy one (the records must be pickled
         # back), while each dump parses in ~40 ms per thousand .pth files.
-        updates = {side: reader.poll(None) for side, reader in readers.items()}
+        updates = {side: reader.poll(None, final=True) for side, reader in readers.items()}
         for side in ("golden", "target"):
             session.add_update(side, updates[side])
             session.finish(side)
