@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
 
+from .blas import limit_blas_threads
 from .load import canonical_dtype, iter_chunks, load_flat
 from .logits import LogitsAccumulator, row_blocks
 from .metrics import MetricAccumulator, paired_chunks
@@ -64,6 +65,7 @@ def _keep_freed_chunks() -> None:
 
 
 _keep_freed_chunks()
+limit_blas_threads()  # the engine parallelises by process; spinning BLAS threads only compete
 
 
 def compare_pair(

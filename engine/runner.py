@@ -57,6 +57,10 @@ def _check_path(path: str, side: str) -> None:
 def compare_main(args: argparse.Namespace) -> int:
     from layerwatch.capture.tokens import parse_tokens
 
+    from .blas import env_before_numpy
+
+    env_before_numpy()  # one BLAS thread per compare process (engine/blas.py says why)
+
     from .readers import open_dump
     from .report import dumps_json, json_report, summary_text, write_csv
     from .session import CompareSession

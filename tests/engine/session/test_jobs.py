@@ -162,3 +162,42 @@ def test_with_other_threads_the_pool_compares_the_shares(toy_runs: dict[str, Toy
         other.join()
         runner.close()
     assert _key_metrics(two) == _key_metrics(one)
+
+
+BLAS_PROBE = """
+import json, os, sys
+import numpy
+from layerwatch.engine.blas import blas_threads
+before = blas_threads()
+import layerwatch.engine.compare
+print(json.dumps({"before": before, "after": blas_threads(),
+                  "env": os.environ.get("OPENBLAS_NUM_THREADS")}))
+"""
+
+
+def test_the_engine_runs_numpys_openblas_single_threaded() -> None:
+    """Spinning BLAS threads fought the compare processes for the cores (--jobs 0 took 2.6-17 s
+    instead of 0.6 s on 2 cores); the setting is process-local (nothing inherited)."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    out = subprocess.run(
+        [sys.executable, "-c", BLAS_PROBE], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    probe = json.loads(out.stdout)
+    if probe["before"] is None:
+        pytest.skip("numpy without a bundled OpenBLAS")
+    assert probe["before"] >= 1 and probe["after"] == 1
+    assert probe["env"] is None  # not put in the environment of later subprocesses
+
+
+def test_compare_command_defaults_blas_threads_to_one_before_numpy() -> None:
+    code = (
+        "import os; from layerwatch.engine.blas import env_before_numpy; env_before_numpy(); "
+        "print(os.environ['OPENBLAS_NUM_THREADS'], os.environ['OMP_NUM_THREADS'])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split() == ["1", "1"], out.stderr
+    env["OMP_NUM_THREADS"] = "3"  # a user's explicit choice stays
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split() == ["1", "3"], out.stderr
