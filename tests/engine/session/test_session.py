@@ -309,7 +309,12 @@ def test_topology_arriving_late_reassigns_blocks(toy_runs: dict[str, ToyRun]) ->
 
 # every pair its own task / prefill pairs to the pool, decode pairs inline / small ones batched
 @pytest.mark.parametrize("big_bytes", [0, 600, 1 << 21])
-def test_process_pool_gives_the_same_results(toy_runs: dict[str, ToyRun], big_bytes: int) -> None:
+def test_process_pool_gives_the_same_results(
+    toy_runs: dict[str, ToyRun], big_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from layerwatch.engine.jobs import JobRunner
+
+    monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # the toy is too small to pay
     inline = compare(toy_runs["golden"], toy_runs["faulty"])
     pooled = compare(toy_runs["golden"], toy_runs["faulty"], jobs=2, big_bytes=big_bytes)
     try:
