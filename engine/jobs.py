@@ -1,12 +1,13 @@
 """Running pair comparisons: inline, or shared between this process and a process pool.
 
 With ``jobs > 1`` and enough work (:attr:`JobRunner.MIN_PARALLEL_COST` estimated seconds) the
-pairs are cut into ``jobs`` shares of about equal estimated cost: this process compares the first share while ``jobs − 1`` workers compare one
-share each — forked children where fork is safe (:mod:`.forked`: nothing pickled on the way in),
-else a process pool (one task per worker keeps its per-task cost, ~0.2 ms, out of the per-pair
-cost). Results travel back without their records (the caller has them). Within
-a share, small pairs are measured a batch at a time (``compare.compare_pairs``), which gives
-the same metrics as one at a time, so results never depend on ``jobs``.
+pairs are cut into ``jobs`` shares of about equal estimated cost: this process compares the
+first share while ``jobs − 1`` workers compare one share each — forked children where fork is
+safe (:mod:`.forked`: nothing pickled on the way in), else a process pool (one task per worker
+keeps its per-task cost, ~0.2 ms, out of the per-pair cost). Results travel back without their
+records (the caller has them). Within a share, small pairs are measured a batch at a time
+(``compare.compare_pairs``), which gives the same metrics as one at a time, so results never
+depend on ``jobs``.
 
 A pool that cannot start (``ValueError: bad value(s) in fds_to_keep`` while a front end has
 swapped ``sys.stderr``, no ``fork``/``sem_open`` on the platform...) is not an error: the work is
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
 
 PROGRESS_EVERY = 64
-"""Inline pairs per progress report."""
+"""Inline pairs per progress report (without a progress callback: all in one call)."""
 PAIR_COST = 100e-6
 """Estimated seconds per pair on the streaming path (files, calls, verdict)."""
 SMALL_PAIR_COST = 50e-6
@@ -208,8 +209,9 @@ class JobRunner:
                 futures[future] = task
                 self.shares_elsewhere += 1
         done = 0
-        for start in range(0, len(inline), PROGRESS_EVERY):
-            part = inline[start : start + PROGRESS_EVERY]
+        step = PROGRESS_EVERY if progress is not None else max(1, len(inline))
+        for start in range(0, len(inline), step):
+            part = inline[start : start + step]
             for i, result in zip(
                 part,
                 run_many(self.compare, self.thresholds, [work[i] for i in part], self.side_stats),
