@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
+from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.seam import ComparisonSource
 from textual.app import App, SystemCommand
 from textual.screen import Screen
@@ -149,7 +150,10 @@ class LayerwatchApp(App[int]):
 
 
 def run_app(source: ComparisonSource, *, title: str) -> int:
-    """Show a comparison until the user quits; stop the source; return compare's exit code."""
+    """Show a comparison until the user quits; stop the source; return compare's exit code.
+
+    A source whose worker gave up (``source.error``) ends like the headless path: its one line
+    (raised, so the command prints it with its name) and exit 2, whatever the grid showed."""
     app = LayerwatchApp(source, title=title)
     if hasattr(source, "freeze_heap"):  # a LivePipeline: no long GC pauses (engine/gc_tuning)
         source.freeze_heap = True
@@ -160,6 +164,9 @@ def run_app(source: ComparisonSource, *, title: str) -> int:
     if app.error is not None:
         print(f"layerwatch: {app.error}", file=sys.stderr)
         return 2
+    gave_up = getattr(source, "error", None)
+    if gave_up:  # the comparison did not finish: not a verdict
+        raise LayerwatchError(gave_up)
     if result is None:  # the app crashed: Textual has printed the traceback
         return app.return_code or 2
     return int(result)

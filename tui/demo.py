@@ -73,7 +73,7 @@ def demo_main(args: argparse.Namespace) -> int:
     if args.list_faults:
         print(list_faults())
         return 0
-    from layerwatch.tui.frontends import headless, present
+    from layerwatch.tui.frontends import present
 
     out = (
         Path(args.out).absolute() if args.out else Path(tempfile.mkdtemp(prefix="layerwatch-demo-"))
@@ -81,7 +81,7 @@ def demo_main(args: argparse.Namespace) -> int:
     try:
         pipeline, fault = build_pipeline(args, out)
         title = f"layerwatch demo · {fault} · target {args.dtype}"
-        code = headless(pipeline, args) if args.headless else present(pipeline, args, title)
+        code = present(pipeline, args, title)  # --headless too: one place sets up the process
     finally:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)

@@ -10,48 +10,18 @@ a note instead, these tests need another real failure inside the worker.)
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from layerwatch.engine.live import LivePipeline, attach_spec
 from layerwatch.engine.session import CompareSession
 from live.helpers import layerwatch
-
-CAPTURE = """
-import sys, torch
-from torch import nn
-from layerwatch.capture import DumpConfig, register_hook
-
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
-if sys.argv[2] == "fault":
-    with torch.no_grad():
-        model[2].weight.mul_(1.5)
-with register_hook(model, DumpConfig(dump_path=sys.argv[1], dump_weight=True)), torch.no_grad():
-    for _ in range(2):
-        model(torch.ones(1, 8))
-"""
+from support.broken_dumps import truncated_weight_dumps
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Golden and target captures with weights; the golden data file is then cut short."""
-    root = tmp_path_factory.mktemp("weights")
-    golden, target = root / "golden", root / "target"
-    for path, how in ((golden, "ok"), (target, "fault")):
-        subprocess.run([sys.executable, "-c", CAPTURE, str(path), how], check=True, timeout=120)
-    lines = [
-        json.loads(line) for line in next(golden.glob("*/index.jsonl")).read_text().splitlines()
-    ]
-    weights = [line for line in lines if line["k"] == "weight"]
-    assert weights, "the capture dumped no weights"
-    data = next(golden.glob("*/")) / weights[0]["file"]
-    os.truncate(data, weights[0]["begin"])  # the weights (and what follows them) are gone
-    return golden, target
+    return truncated_weight_dumps(tmp_path_factory.mktemp("weights"))
 
 
 def test_worker_failure_ends_with_a_done_batch_and_a_note(dumps: tuple[Path, Path]) -> None:

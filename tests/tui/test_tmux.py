@@ -8,14 +8,19 @@ planted fault). Polls instead of sleeping; generous timeouts for a 2-core CI mac
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from support.broken_dumps import truncated_weight_dumps
 
 pytestmark = [
     pytest.mark.slow,
@@ -57,29 +62,17 @@ class Pane:
             time.sleep(0.2)
 
 
-@pytest.fixture
-def demo(tmp_path) -> Iterator[Pane]:
-    server = f"layerwatch-test-{os.getpid()}"
-    command = (
-        f"cd {tmp_path} && {sys.executable} -m layerwatch.tui demo --new-tokens 8; "
-        "echo EXITED rc=$?; sleep 120"
+@contextlib.contextmanager
+def terminal(cwd: Path, *layerwatch_args: str) -> Iterator[Pane]:
+    """``layerwatch ARGS`` in a 100×30 pane of a private tmux server; its exit code is echoed."""
+    server = f"layerwatch-test-{os.getpid()}-{next(_servers)}"
+    argv = " ".join(
+        shlex.quote(a) for a in (sys.executable, "-m", "layerwatch.tui", *layerwatch_args)
     )
+    command = f"cd {shlex.quote(str(cwd))} && {argv}; echo EXITED rc=$?; sleep 120"
     env = {"TERM": "xterm-256color", "TEXTUAL_ANIMATIONS": "none"}
-    args = [
-        "tmux",
-        "-L",
-        server,
-        "-f",
-        "/dev/null",
-        "new-session",
-        "-d",
-        "-s",
-        "app",
-        "-x",
-        "100",
-        "-y",
-        "30",
-    ]
+    args = ["tmux", "-L", server, "-f", "/dev/null", "new-session", "-d", "-s", "app"]
+    args += ["-x", "100", "-y", "30"]
     for name, value in env.items():
         args += ["-e", f"{name}={value}"]
     subprocess.run([*args, command], check=True, timeout=20)
@@ -89,6 +82,15 @@ def demo(tmp_path) -> Iterator[Pane]:
         yield pane
     finally:
         subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=20)
+
+
+_servers = itertools.count()
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Pane]:
+    with terminal(tmp_path, "demo", "--new-tokens", "8") as pane:
+        yield pane
 
 
 def test_demo_in_a_terminal_finds_the_fault_and_quits_cleanly(demo: Pane) -> None:
@@ -114,3 +116,16 @@ def test_demo_in_a_terminal_finds_the_fault_and_quits_cleanly(demo: Pane) -> Non
     assert "EXITED rc=0" in screen
     # The terminal was restored: the shell's line shows and the alternate screen is gone.
     assert "first failure" not in screen
+
+
+def test_a_comparison_that_gives_up_exits_2_with_its_line(tmp_path: Path) -> None:
+    """The TUI shows the worker's note; on ``q`` the command ends as headless ``open`` does:
+    its one line and exit 2 — not 0/1, which would read as a verdict on an unfinished compare."""
+    golden, target = truncated_weight_dumps(tmp_path)
+    with terminal(tmp_path, "open", "--auto-map", str(golden), str(target)) as pane:
+        pane.wait_for("live pipeline stopped")
+        pane.keys("q")
+        screen = pane.wait_for("EXITED rc=", timeout=60)
+    assert "EXITED rc=2" in screen, screen
+    assert "layerwatch open: live pipeline stopped: LayerwatchError: " in screen, screen
+    assert "Traceback" not in screen
