@@ -73,7 +73,7 @@ def test_statistics_csv_in_msit_columns(tmp_path):
     torch.manual_seed(0)
     toy = Toy()
     with register_hook(toy, DumpConfig(dump_path=tmp_path, format="msit", dump_statistics_mode=1)) as handle:
-        out = toy(torch.tensor([[1, 2]]))
+        out = toy(torch.tensor([[1, 2]])).detach()
     run = handle.run_dir
     assert not list(run.rglob("*.pth"))
     rows = list(csv.DictReader((run / "0" / "root.head" / "statistics.csv").open()))
