@@ -62,6 +62,9 @@ class Pane:
             time.sleep(0.2)
 
 
+_servers = itertools.count()  # one tmux server name per terminal, even within a test
+
+
 @contextlib.contextmanager
 def terminal(cwd: Path, *layerwatch_args: str) -> Iterator[Pane]:
     """``layerwatch ARGS`` in a 100×30 pane of a private tmux server; its exit code is echoed."""
@@ -82,9 +85,6 @@ def terminal(cwd: Path, *layerwatch_args: str) -> Iterator[Pane]:
         yield pane
     finally:
         subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=20)
-
-
-_servers = itertools.count()
 
 
 @pytest.fixture
