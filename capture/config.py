@@ -87,10 +87,16 @@ class DumpConfig:
             self.dump_statistics_mode = 0 if self.format == "msit" else 2
         _choice("dump_statistics_mode", self.dump_statistics_mode, (0, 1, 2))
         if self.device_id is not None and (
-            not isinstance(self.device_id, int) or isinstance(self.device_id, bool) or self.device_id < 0
+            not isinstance(self.device_id, int)
+            or isinstance(self.device_id, bool)
+            or self.device_id < 0
         ):
-            raise LayerwatchError(f"device_id must be a device number >= 0 or None, got {self.device_id!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise LayerwatchError(
+                f"device_id must be a device number >= 0 or None, got {self.device_id!r}"
+            )
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool)
+        ):
             raise LayerwatchError(f"seed must be an int or None, got {self.seed!r}")
         self.module_list = _types(self.module_list)
         self.layer_name = _globs(self.layer_name)
@@ -105,7 +111,9 @@ class DumpConfig:
             if not isinstance(value, int) or value <= 0:
                 raise LayerwatchError(f"{name} must be a positive number of bytes, got {value!r}")
         if not isinstance(self.flush_interval, int | float) or self.flush_interval <= 0:
-            raise LayerwatchError(f"flush_interval must be > 0 seconds, got {self.flush_interval!r}")
+            raise LayerwatchError(
+                f"flush_interval must be > 0 seconds, got {self.flush_interval!r}"
+            )
         for name in ("dump_last_logits", "dump_weight"):
             setattr(self, name, bool(getattr(self, name)))
 
@@ -165,7 +173,9 @@ def _types(value: object) -> tuple[type, ...]:
     try:
         types = tuple(items)  # type: ignore[arg-type]
     except TypeError:
-        raise LayerwatchError(f"module_list must be a list of module classes, got {value!r}") from None
+        raise LayerwatchError(
+            f"module_list must be a list of module classes, got {value!r}"
+        ) from None
     bad = [t for t in types if not isinstance(t, type)]
     if bad:
         raise LayerwatchError(f"module_list must hold module classes, got {bad[0]!r}")
@@ -179,7 +189,9 @@ def _globs(value: object) -> tuple[str, ...] | None:
     try:
         globs = tuple(items)  # type: ignore[arg-type]
     except TypeError:
-        raise LayerwatchError(f"layer_name must be a glob or a list of globs, got {value!r}") from None
+        raise LayerwatchError(
+            f"layer_name must be a glob or a list of globs, got {value!r}"
+        ) from None
     if not globs or not all(isinstance(g, str) and g for g in globs):
         raise LayerwatchError(f"layer_name must be a glob or a list of globs, got {value!r}")
     return globs

@@ -21,8 +21,19 @@ _HOST_BITS = {torch.bfloat16: torch.int16}
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
     if hasattr(torch, _name):
         _HOST_BITS[getattr(torch, _name)] = torch.uint8
-_HOST_NUMPY = frozenset({torch.float32, torch.float16, torch.float64, torch.int64, torch.int32,
-                         torch.int16, torch.int8, torch.uint8, torch.bool})
+_HOST_NUMPY = frozenset(
+    {
+        torch.float32,
+        torch.float16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
+)
 
 
 def copy_tensor(t: Tensor) -> Any:

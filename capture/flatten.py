@@ -36,12 +36,15 @@ def _walkable(value: Any) -> bool:
     kind = type(value)
     known = _WALKABLE.get(kind)
     if known is None:
-        known = _WALKABLE[kind] = (
-            issubclass(kind, list | tuple | Mapping) or dataclasses.is_dataclass(kind))
+        known = _WALKABLE[kind] = issubclass(
+            kind, list | tuple | Mapping
+        ) or dataclasses.is_dataclass(kind)
     return known
 
 
-def flatten_inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> list[tuple[str, Tensor]]:
+def flatten_inputs(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
+) -> list[tuple[str, Tensor]]:
     """Positional then keyword inputs, in call order."""
     found: list[tuple[str, Tensor]] = []
     for i, arg in enumerate(args):
@@ -92,7 +95,11 @@ def first_int_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) ->
         if isinstance(ids, Tensor):
             return ids
     for arg in args:
-        if (isinstance(arg, Tensor) and not arg.is_floating_point() and not arg.is_complex()
-                and arg.dtype is not torch.bool):
+        if (
+            isinstance(arg, Tensor)
+            and not arg.is_floating_point()
+            and not arg.is_complex()
+            and arg.dtype is not torch.bool
+        ):
             return arg
     return None  # keyword tensors such as position_ids are not token ids: do not guess

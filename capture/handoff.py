@@ -36,8 +36,16 @@ class TensorItem:
     tail: str | None = None
     """The writer's cached end of this tensor's index line (shared by its aliases)."""
 
-    def __init__(self, token: int, node: str, stem: str, tensor: Any, node_type: str,
-                 alias: TensorItem | None = None, dtype: Any = None) -> None:
+    def __init__(
+        self,
+        token: int,
+        node: str,
+        stem: str,
+        tensor: Any,
+        node_type: str,
+        alias: TensorItem | None = None,
+        dtype: Any = None,
+    ) -> None:
         self.token = token
         self.node = node
         self.stem = stem
@@ -152,8 +160,11 @@ class ByteQueue:
 
     def put(self, items: list[Any], nbytes: int, urgent: bool = False) -> None:
         with self._cond:
-            while (not self.draining and self._outstanding > 0
-                   and self._outstanding + nbytes > self.bound):
+            while (
+                not self.draining
+                and self._outstanding > 0
+                and self._outstanding + nbytes > self.bound
+            ):
                 self._cond.wait()
             was_empty = not self._items
             if was_empty:

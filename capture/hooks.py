@@ -39,8 +39,13 @@ _OPEN: set[HookHandle] = set()
 class HookHandle:
     """One capture of one model. ``close()`` when done (or leave the ``with`` block)."""
 
-    def __init__(self, recorder: Recorder | None, writer: WriterThread | None,
-                 handles: list[Any], run_dir: Path | None) -> None:
+    def __init__(
+        self,
+        recorder: Recorder | None,
+        writer: WriterThread | None,
+        handles: list[Any],
+        run_dir: Path | None,
+    ) -> None:
         self._recorder = recorder
         self._writer = writer
         self._handles = handles
@@ -95,9 +100,14 @@ class HookHandle:
         self.close()
 
 
-def register_hook(model: torch.nn.Module, config: DumpConfig | None = None, *,
-                  already_in_call: bool = False, call_args: tuple[Any, ...] | None = None,
-                  call_kwargs: dict[str, Any] | None = None) -> HookHandle:
+def register_hook(
+    model: torch.nn.Module,
+    config: DumpConfig | None = None,
+    *,
+    already_in_call: bool = False,
+    call_args: tuple[Any, ...] | None = None,
+    call_kwargs: dict[str, Any] | None = None,
+) -> HookHandle:
     """Capture ``model`` as ``config`` says; returns the handle that stops it.
 
     ``already_in_call``: the caller is inside a forward pre-hook of ``model`` (e.g. a global
@@ -133,10 +143,20 @@ def register_hook(model: torch.nn.Module, config: DumpConfig | None = None, *,
         want_out = selected and config.tensor_part in (1, 2)
         is_leaf = next(module.children(), None) is None
         if has_pre:
-            hooks.append(module.register_forward_pre_hook(partial(recorder.pre, name, type_), with_kwargs=True))
+            hooks.append(
+                module.register_forward_pre_hook(
+                    partial(recorder.pre, name, type_), with_kwargs=True
+                )
+            )
             root_inputs = root_inputs or module is model
-        hooks.append(module.register_forward_hook(partial(recorder.post, name, type_, has_pre, want_out, is_leaf)))
-    hooks.append(model.register_forward_hook(recorder.root_post, with_kwargs=True, always_call=True))
+        hooks.append(
+            module.register_forward_hook(
+                partial(recorder.post, name, type_, has_pre, want_out, is_leaf)
+            )
+        )
+    hooks.append(
+        model.register_forward_hook(recorder.root_post, with_kwargs=True, always_call=True)
+    )
     module_hooks = hooks[1:-1]
     writer.start()
     handle = HookHandle(recorder, writer, hooks, writer.run_dir)
@@ -169,8 +189,13 @@ def device_label(device: torch.device) -> str:
 def _make_writer(model: torch.nn.Module, config: DumpConfig, device: torch.device) -> WriterThread:
     label = device_label(device)
     pid = os.getpid()
-    meta = {"pid": pid, "device": label, "model": type(model).__name__, "torch": torch.__version__,
-            "argv": list(sys.argv)}
+    meta = {
+        "pid": pid,
+        "device": label,
+        "model": type(model).__name__,
+        "torch": torch.__version__,
+        "argv": list(sys.argv),
+    }
     if config.format == "msit":
         from .msit_writer import MsitWriter, msit_run_dir
 

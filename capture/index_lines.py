@@ -25,8 +25,10 @@ def tensor_line(it: TensorItem) -> str:
     key = (it.node, it.stem, it.node_type)
     head = _HEADS.get(key)
     if head is None:
-        head = _HEADS[key] = (f'"node":{json.dumps(it.node)},"stem":{json.dumps(it.stem)},'
-                              f'"type":{json.dumps(it.node_type)}')
+        head = _HEADS[key] = (
+            f'"node":{json.dumps(it.node)},"stem":{json.dumps(it.stem)},'
+            f'"type":{json.dumps(it.node_type)}'
+        )
     tail = src.tail
     if tail is None:  # the part every alias of this tensor shares: computed once
         st = src.stats
@@ -34,9 +36,13 @@ def tensor_line(it: TensorItem) -> str:
             stats = "null"
         else:
             mx, mn, mean, norm, nan, inf = st
-            stats = (f'{{"max":{_num(mx)},"min":{_num(mn)},"mean":{_num(mean)},'
-                     f'"norm":{_num(norm)},"nan":{nan},"inf":{inf}}}')
+            stats = (
+                f'{{"max":{_num(mx)},"min":{_num(mn)},"mean":{_num(mean)},'
+                f'"norm":{_num(norm)},"nan":{nan},"inf":{inf}}}'
+            )
         shape = ",".join(map(str, src.shape))
-        tail = src.tail = (f'"dtype":"{src.dtype_name}","shape":[{shape}],"file":"{src.file}",'
-                           f'"begin":{src.begin},"end":{src.end},"stats":{stats}}}\n')
+        tail = src.tail = (
+            f'"dtype":"{src.dtype_name}","shape":[{shape}],"file":"{src.file}",'
+            f'"begin":{src.begin},"end":{src.end},"stats":{stats}}}\n'
+        )
     return f'{{"k":"t","token":{it.token},{head},"order":{it.order},{tail}'

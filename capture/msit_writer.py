@@ -35,8 +35,18 @@ from .stats import as_torch, batch_stats
 from .topology import model_tree
 from .writer_thread import WriterThread
 
-STAT_COLUMNS = ("NodeName", "NodeType", "InputOutput", "Index", "DataType", "Shape", "Max", "Min",
-                "Mean", "L2Norm")
+STAT_COLUMNS = (
+    "NodeName",
+    "NodeType",
+    "InputOutput",
+    "Index",
+    "DataType",
+    "Shape",
+    "Max",
+    "Min",
+    "Mean",
+    "L2Norm",
+)
 
 
 def msit_run_dir(dump_path: Path, device: str, pid: int) -> Path:
@@ -57,20 +67,31 @@ class MsitWriter(WriterThread):
         try:
             if (run_dir / "model_tree.json").exists():
                 raise LayerwatchError(
-                    f"{run_dir} already holds a dump of this process: give each model its own dump_path")
+                    f"{run_dir} already holds a dump of this process: give each model its own dump_path"
+                )
             run_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(run_dir / "model_tree.json", model_tree(model))
         except OSError as exc:
-            raise LayerwatchError(f"cannot write a dump in {run_dir}: {exc.strerror or exc}") from None
+            raise LayerwatchError(
+                f"cannot write a dump in {run_dir}: {exc.strerror or exc}"
+            ) from None
 
     def write_items(self, items: list[Any]) -> None:
         fresh = [it for it in items if type(it) is TensorItem and it.alias is None]
         for it in fresh:
             it.dtype_name = str(it.dtype)
             it.shape = list(it.tensor.shape)
-        real = [it for it in fresh if isinstance(it.tensor, np.ndarray)
-                or (type(it.tensor) is not Placeholder and not it.tensor.is_complex()
-                    and it.tensor.layout is torch.strided and it.tensor.device.type != "meta")]
+        real = [
+            it
+            for it in fresh
+            if isinstance(it.tensor, np.ndarray)
+            or (
+                type(it.tensor) is not Placeholder
+                and not it.tensor.is_complex()
+                and it.tensor.layout is torch.strided
+                and it.tensor.device.type != "meta"
+            )
+        ]
         if self.want_stats and real:
             rows = batch_stats([it.tensor for it in real], [it.dtype for it in real])
             for it, row in zip(real, rows, strict=True):
@@ -149,9 +170,20 @@ class MsitWriter(WriterThread):
             return
         part, _, index = it.stem.partition("_")
         mx, mn, mean, norm, _nan, _inf = src.stats
-        self._stat_rows.setdefault(folder, []).append([
-            it.node, it.node_type, part.capitalize(), index or "0", src.dtype_name or "",
-            str(src.shape), repr(mx), repr(mn), repr(mean), repr(norm)])
+        self._stat_rows.setdefault(folder, []).append(
+            [
+                it.node,
+                it.node_type,
+                part.capitalize(),
+                index or "0",
+                src.dtype_name or "",
+                str(src.shape),
+                repr(mx),
+                repr(mn),
+                repr(mean),
+                repr(norm),
+            ]
+        )
 
     def _write_stats(self, folder: Path) -> None:
         if folder not in self._dirs:

@@ -108,7 +108,9 @@ class Recorder:
         if not self.active:
             self.hand_over(urgent=False)
 
-    def root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def root_pre(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         if self.depth:
             self.depth += 1
             return
@@ -118,8 +120,9 @@ class Recorder:
         except Exception as exc:
             self.fail(exc)
 
-    def root_post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  output: Any) -> None:
+    def root_post(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
         if self.depth > 1:
             self.depth -= 1
             return
@@ -135,7 +138,11 @@ class Recorder:
                 type_, want_inputs = self.late_root
                 self.late_root = None
                 ids = first_int_tensor(args, kwargs)
-                items.append(TokenItem(self.token, None if ids is None else ids.detach().to("cpu", copy=True)))
+                items.append(
+                    TokenItem(
+                        self.token, None if ids is None else ids.detach().to("cpu", copy=True)
+                    )
+                )
                 if want_inputs:
                     for it in self.capture(flatten_inputs(args, kwargs), "root", type_):
                         it.order = self.last_order
@@ -165,8 +172,14 @@ class Recorder:
         if batch or urgent:
             self.queue.put(batch, nbytes, urgent=urgent)
 
-    def begin_in_call(self, module: torch.nn.Module, type_: str, want_inputs: bool,
-                      args: tuple[Any, ...] | None, kwargs: dict[str, Any] | None) -> None:
+    def begin_in_call(
+        self,
+        module: torch.nn.Module,
+        type_: str,
+        want_inputs: bool,
+        args: tuple[Any, ...] | None,
+        kwargs: dict[str, Any] | None,
+    ) -> None:
         """Attached from inside the root's first forward call: start token 0 by hand."""
         self.depth = 1
         if args is None or kwargs is None:  # e.g. a global pre-hook: it never sees kwargs
@@ -178,8 +191,14 @@ class Recorder:
                 self.pre("root", type_, module, args, kwargs)
 
     # --- every module ---------------------------------------------------------------------
-    def pre(self, name: str, type_: str, module: torch.nn.Module, args: tuple[Any, ...],
-            kwargs: dict[str, Any]) -> None:
+    def pre(
+        self,
+        name: str,
+        type_: str,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         if not self.active:
             return
         try:
@@ -194,8 +213,17 @@ class Recorder:
         except Exception as exc:
             self.fail(exc)
 
-    def post(self, name: str, type_: str, has_pre: bool, want_out: bool, is_leaf: bool,
-             module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def post(
+        self,
+        name: str,
+        type_: str,
+        has_pre: bool,
+        want_out: bool,
+        is_leaf: bool,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        output: Any,
+    ) -> None:
         if not self.active:
             return
         try:
@@ -222,7 +250,12 @@ class Recorder:
                     items.append(self.capture_one("output", output, node, type_))
                 else:
                     items.extend(self.capture(flatten_output(output), node, type_))
-            if is_leaf and self.last_logits and isinstance(output, Tensor) and output.is_floating_point():
+            if (
+                is_leaf
+                and self.last_logits
+                and isinstance(output, Tensor)
+                and output.is_floating_point()
+            ):
                 self.leaf = (node, type_, output, _version(output), order)
             if items:
                 nbytes = self.batch_bytes
@@ -285,8 +318,11 @@ class Recorder:
         self.leaf = None
         if version is not None and _version(t) != version and "logits" not in self.warned:
             self.warned.add("logits")
-            print(f"layerwatch: the logits of {node} were modified in place later in the step; "
-                  "dumping their final values", file=sys.stderr)
+            print(
+                f"layerwatch: the logits of {node} were modified in place later in the step; "
+                "dumping their final values",
+                file=sys.stderr,
+            )
         item = TensorItem(self.token, node, "output", copy_tensor(t), type_, None, t.dtype)
         item.order = order
         return item

@@ -23,12 +23,24 @@ import torch
 from . import format as fmt
 
 SAFETENSORS_DTYPE = {
-    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
 }
-for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
-                     ("uint32", "U32"), ("uint64", "U64")):
+for _name, _code in (
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+):
     if hasattr(torch, _name):
         SAFETENSORS_DTYPE[getattr(torch, _name)] = _code
 
@@ -60,8 +72,11 @@ def write_batch_file(path: Path, entries: list[tuple[str, Any, list[int], Any]])
     buffers: list[Any] = []
     for name, dtype, shape, data in entries:
         view = payload_view(data)
-        header[name] = {"dtype": SAFETENSORS_DTYPE[dtype], "shape": shape,
-                        "data_offsets": [offset, offset + view.nbytes]}
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPE[dtype],
+            "shape": shape,
+            "data_offsets": [offset, offset + view.nbytes],
+        }
         offset += view.nbytes
         buffers.append(view)
     header["__metadata__"] = {"format": "pt", "writer": "layerwatch"}

@@ -71,8 +71,11 @@ def batch_stats(datas: Sequence[Any], dtypes: Sequence[torch.dtype]) -> list[Sta
             groups.setdefault(key, []).append(i)
     found: list[tuple[int, list[float]]] = []
     if host_small:
-        found += zip(host_small, _host_segmented([datas[i] for i in host_small],
-                                                 [dtypes[i] for i in host_small]), strict=True)
+        found += zip(
+            host_small,
+            _host_segmented([datas[i] for i in host_small], [dtypes[i] for i in host_small]),
+            strict=True,
+        )
     for idx in groups.values():
         small = [i for i in idx if isinstance(datas[i], Tensor) and datas[i].numel() < SMALL]
         chosen = set(small)
@@ -93,8 +96,12 @@ def batch_stats(datas: Sequence[Any], dtypes: Sequence[torch.dtype]) -> list[Sta
 
 _NARROW = frozenset(np.dtype(c) for c in ("float16", "float32", "int8", "uint8", "int16", "bool"))
 """numpy dtypes exactly representable in float32: such batches are reduced in float32."""
-_WIDEN = frozenset({torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
-                                       if hasattr(torch, n))})
+_WIDEN = frozenset(
+    {
+        torch.bfloat16,
+        *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)),
+    }
+)
 
 
 def _host_segmented(arrays: list[np.ndarray], dtypes: list[torch.dtype]) -> list[list[float]]:
@@ -102,17 +109,26 @@ def _host_segmented(arrays: list[np.ndarray], dtypes: list[torch.dtype]) -> list
     if _WIDEN.isdisjoint(dtypes):
         flats = arrays
     else:
-        flats = [_host_float(a, dt) if dt in _WIDEN else a for a, dt in zip(arrays, dtypes, strict=True)]
+        flats = [
+            _host_float(a, dt) if dt in _WIDEN else a for a, dt in zip(arrays, dtypes, strict=True)
+        ]
     sizes = [a.size for a in flats]
     starts = np.zeros(len(flats), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     narrow = {a.dtype for a in flats} <= _NARROW
-    buf = np.concatenate(flats, axis=None, dtype=np.float32 if narrow else np.float64, casting="unsafe")
+    buf = np.concatenate(
+        flats, axis=None, dtype=np.float32 if narrow else np.float64, casting="unsafe"
+    )
     with np.errstate(all="ignore"):
-        out = np.stack([np.maximum.reduceat(buf, starts).astype(np.float64),
-                        np.minimum.reduceat(buf, starts).astype(np.float64),
-                        np.add.reduceat(buf, starts, dtype=np.float64),
-                        np.add.reduceat(np.square(buf), starts, dtype=np.float64)], axis=1)
+        out = np.stack(
+            [
+                np.maximum.reduceat(buf, starts).astype(np.float64),
+                np.minimum.reduceat(buf, starts).astype(np.float64),
+                np.add.reduceat(buf, starts, dtype=np.float64),
+                np.add.reduceat(np.square(buf), starts, dtype=np.float64),
+            ],
+            axis=1,
+        )
     return out.tolist()
 
 
@@ -166,7 +182,14 @@ def exact_stats(t: Tensor) -> StatsRow:
         return (_NAN, _NAN, _NAN, 0.0, nan, inf)
     mn, mx = torch.aminmax(part)
     total = float(part.sum())
-    return (float(mx), float(mn), total / part.numel(), float(torch.linalg.vector_norm(part)), nan, inf)
+    return (
+        float(mx),
+        float(mn),
+        total / part.numel(),
+        float(torch.linalg.vector_norm(part)),
+        nan,
+        inf,
+    )
 
 
 def as_dict(row: StatsRow) -> dict[str, float]:

@@ -45,7 +45,7 @@ def param_print(param: torch.Tensor) -> dict[str, Any]:
     flat = values.reshape(-1)
     total = abs_total = squares = 0.0
     for start in range(0, flat.numel(), _CHUNK):
-        chunk = flat[start:start + _CHUNK].to("cpu", torch.float32).numpy().astype(np.float64)
+        chunk = flat[start : start + _CHUNK].to("cpu", torch.float32).numpy().astype(np.float64)
         total += float(chunk.sum())
         abs_total += float(np.abs(chunk).sum())
         squares += float(np.dot(chunk, chunk))
@@ -69,8 +69,15 @@ def build_topology(model: torch.nn.Module, *, params: bool = True) -> dict[str, 
         if params:
             for local, param in module.named_parameters(recurse=False):
                 prints[local] = param_print(param)
-        nodes.append({"name": name, "type": type(module).__name__, "parent": parent,
-                      "order": -1, "params": prints})
+        nodes.append(
+            {
+                "name": name,
+                "type": type(module).__name__,
+                "parent": parent,
+                "order": -1,
+                "params": prints,
+            }
+        )
     return {"format": TOPOLOGY_FORMAT, "version": TOPOLOGY_VERSION, "root": "root", "nodes": nodes}
 
 

@@ -43,7 +43,9 @@ from .writer_thread import WriterThread
 class LayerwatchWriter(WriterThread):
     """Writes ``{dump_path}/{device}_{pid}/`` in the layerwatch format."""
 
-    def __init__(self, config: DumpConfig, run_dir: Path, topology: dict[str, Any], meta: dict[str, Any]) -> None:
+    def __init__(
+        self, config: DumpConfig, run_dir: Path, topology: dict[str, Any], meta: dict[str, Any]
+    ) -> None:
         super().__init__(config, run_dir)
         self.topology = topology
         self.meta = meta
@@ -56,21 +58,32 @@ class LayerwatchWriter(WriterThread):
         try:
             if (run_dir / fmt.MANIFEST).exists():
                 raise LayerwatchError(
-                    f"{run_dir} already holds a dump of this process: give each model its own dump_path")
+                    f"{run_dir} already holds a dump of this process: give each model its own dump_path"
+                )
             (run_dir / fmt.DATA_DIR).mkdir(parents=True, exist_ok=True)
             write_json_fast(run_dir / fmt.MANIFEST, self.manifest(fmt.STATUS_RUNNING))
             write_json_fast(run_dir / fmt.TOPOLOGY, topology)
-            self.index_fd = os.open(run_dir / fmt.INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self.index_fd = os.open(
+                run_dir / fmt.INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+            )
         except OSError as exc:
-            raise LayerwatchError(f"cannot write a dump in {run_dir}: {exc.strerror or exc}") from None
+            raise LayerwatchError(
+                f"cannot write a dump in {run_dir}: {exc.strerror or exc}"
+            ) from None
         self.index_size = os.fstat(self.index_fd).st_size
 
     def manifest(self, status: str) -> dict[str, Any]:
         return {
-            "format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "status": status,
-            "started": self.started, "updated": time.time(), "tokens": self.tokens_seen,
-            "tensors": self.tensors_written, "bytes": self.bytes_written,
-            **self.meta, "config": self.config.describe(),
+            "format": fmt.FORMAT_NAME,
+            "version": fmt.FORMAT_VERSION,
+            "status": status,
+            "started": self.started,
+            "updated": time.time(),
+            "tokens": self.tokens_seen,
+            "tensors": self.tensors_written,
+            "bytes": self.bytes_written,
+            **self.meta,
+            "config": self.config.describe(),
         }
 
     # --- a batch --------------------------------------------------------------------------
@@ -80,7 +93,7 @@ class LayerwatchWriter(WriterThread):
         for i, item in enumerate(items):  # cut into files of about batch_bytes
             size += item.nbytes
             if size >= self.config.batch_bytes:
-                self._write_chunk(items[start:i + 1])
+                self._write_chunk(items[start : i + 1])
                 start, size = i + 1, 0
         if start < len(items):
             self._write_chunk(items[start:])
@@ -92,7 +105,9 @@ class LayerwatchWriter(WriterThread):
             data = it.tensor
             it.dtype_name = DTYPE_NAMES.get(it.dtype) or dtype_name(it.dtype)
             it.shape = list(data.shape)
-            if isinstance(data, np.ndarray) or (type(data) is not Placeholder and _plain_tensor(data)):
+            if isinstance(data, np.ndarray) or (
+                type(data) is not Placeholder and _plain_tensor(data)
+            ):
                 ok.append(it)
         if self.want_stats and ok:
             rows = batch_stats([it.tensor for it in ok], [it.dtype for it in ok])
@@ -121,13 +136,26 @@ class LayerwatchWriter(WriterThread):
                 if self.deferred:  # a target that never came (its module raised): drop
                     self.deferred = [d for d in self.deferred if d.token >= it.token]
                 ids = None if it.ids is None else it.ids.reshape(-1).tolist()
-                lines.append(fmt.encode_line({"k": fmt.K_TOKEN, "token": it.token, "input_ids": ids}))
+                lines.append(
+                    fmt.encode_line({"k": fmt.K_TOKEN, "token": it.token, "input_ids": ids})
+                )
                 self.tokens_seen = max(self.tokens_seen, it.token + 1)
             elif kind is WeightItem:
-                lines.append(fmt.encode_line({
-                    "k": fmt.K_WEIGHT, "name": f"{it.node}.{it.param}", "node": it.node, "param": it.param,
-                    "dtype": dtype_name(it.tensor.dtype), "shape": list(it.tensor.shape),
-                    "file": it.file, "begin": it.begin, "end": it.end}))
+                lines.append(
+                    fmt.encode_line(
+                        {
+                            "k": fmt.K_WEIGHT,
+                            "name": f"{it.node}.{it.param}",
+                            "node": it.node,
+                            "param": it.param,
+                            "dtype": dtype_name(it.tensor.dtype),
+                            "shape": list(it.tensor.shape),
+                            "file": it.file,
+                            "begin": it.begin,
+                            "end": it.end,
+                        }
+                    )
+                )
             elif kind is TopologyItem:
                 self.topology = with_order(self.topology, it.order)
         self.tensors_written += len(fresh)
@@ -139,9 +167,18 @@ class LayerwatchWriter(WriterThread):
         entries = []
         for it in payload:
             if type(it) is WeightItem:
-                entries.append((f"weights/{it.node}.{it.param}", it.tensor.dtype, list(it.tensor.shape), it.tensor))
+                entries.append(
+                    (
+                        f"weights/{it.node}.{it.param}",
+                        it.tensor.dtype,
+                        list(it.tensor.shape),
+                        it.tensor,
+                    )
+                )
             else:
-                entries.append((fmt.tensor_name(it.token, it.node, it.stem), it.dtype, it.shape, it.tensor))
+                entries.append(
+                    (fmt.tensor_name(it.token, it.node, it.stem), it.dtype, it.shape, it.tensor)
+                )
         rel = fmt.data_file_name(self.seq)
         self.seq += 1
         begin = write_batch_file(self.run_dir / rel, entries)
@@ -170,9 +207,16 @@ class LayerwatchWriter(WriterThread):
     # --- ends -----------------------------------------------------------------------------
     def finish(self, status: str) -> None:
         if self.failed is None:
-            self.append_index(fmt.encode_line({
-                "k": fmt.K_END, "status": status, "tokens": self.tokens_seen,
-                "tensors": self.tensors_written}))
+            self.append_index(
+                fmt.encode_line(
+                    {
+                        "k": fmt.K_END,
+                        "status": status,
+                        "tokens": self.tokens_seen,
+                        "tensors": self.tensors_written,
+                    }
+                )
+            )
             write_json_fast(self.run_dir / fmt.MANIFEST, self.manifest(status))
         os.close(self.index_fd)
 

@@ -46,9 +46,14 @@ cannot see and which random rounding noise barely moves (≈ RED²/2)."""
 EXACT = "exact_match_ratio"
 """Integer/bool pairs only: share of elements that are exactly equal."""
 STAT_METRICS = (
-    "max_stat_relative_error", "min_stat_relative_error", "mean_stat_relative_error",
-    "l2norm_stat_relative_error", "max_stat_absolute_error", "min_stat_absolute_error",
-    "mean_stat_absolute_error", "l2norm_stat_absolute_error",
+    "max_stat_relative_error",
+    "min_stat_relative_error",
+    "mean_stat_relative_error",
+    "l2norm_stat_relative_error",
+    "max_stat_absolute_error",
+    "min_stat_absolute_error",
+    "mean_stat_absolute_error",
+    "l2norm_stat_absolute_error",
 )
 """Statistics-only pairs (msit ``-st`` column names): errors of max/min/mean/L2 norm."""
 

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from .records import COSINE, MSIT_METRICS, PairResult, Stats, TensorRecord
-from .seam import BlockInfo, Finding, Summary
+from layerwatch.engine.records import COSINE, MSIT_METRICS, PairResult, Stats, TensorRecord
+from layerwatch.engine.seam import BlockInfo, Finding, Summary
 
 MSIT_COLUMNS = (
     "token_id",

@@ -56,14 +56,13 @@ def _check_path(path: str, side: str) -> None:
 
 def compare_main(args: argparse.Namespace) -> int:
     from layerwatch.capture.tokens import parse_tokens
+    from layerwatch.engine.numerics.blas import env_before_numpy
 
-    from .blas import env_before_numpy
+    env_before_numpy()  # one BLAS thread per compare process (engine/numerics/blas.py says why)
 
-    env_before_numpy()  # one BLAS thread per compare process (engine/blas.py says why)
-
-    from .readers import open_dump
-    from .report import dumps_json, json_report, summary_text, write_csv
-    from .session import CompareSession
+    from layerwatch.engine.readers import open_dump
+    from layerwatch.engine.report import dumps_json, json_report, summary_text, write_csv
+    from layerwatch.engine.session.core import CompareSession
 
     tokens = parse_tokens(args.tokens) if getattr(args, "tokens", None) else None
     jobs = getattr(args, "jobs", 0) or 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
 
-from .records import GRID_METRICS, PairResult, Stats, Verdict
+from layerwatch.engine.records import GRID_METRICS, PairResult, Stats, Verdict
 
 
 class CellState(IntEnum):
@@ -249,7 +249,7 @@ class ResultsView(Protocol):
 class ComparisonSource(Protocol):
     """What a front end (TUI, headless printer) drives: a live or finished comparison.
 
-    Implemented by the live pipeline (``engine/live.py``) for ``demo``/``run``/``watch``/``open``.
+    Implemented by the live pipeline (``engine/live/pipeline.py``) for ``demo``/``run``/``watch``/``open``.
     """
 
     sink: QueueSink

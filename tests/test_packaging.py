@@ -60,7 +60,7 @@ def test_the_installed_copy_runs_from_outside_the_repository(
 ) -> None:
     env = {**os.environ, "PYTHONPATH": str(installed)}
     code = (
-        "import layerwatch.engine.thresholds as t, layerwatch.capture.format, layerwatch.tui.cli;"
+        "import layerwatch.engine.numerics.thresholds as t, layerwatch.capture.format, layerwatch.tui.cli;"
         "t.Thresholds.load(); print(t.__file__)"
     )
     out = subprocess.run(

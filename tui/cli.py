@@ -36,33 +36,80 @@ def add_dump_pair(parser: argparse.ArgumentParser, suffix: str = "") -> None:
 def add_capture_options(parser: argparse.ArgumentParser) -> None:
     """Options that mirror :class:`layerwatch.capture.DumpConfig`."""
     group = parser.add_argument_group("capture options (as DumpConfig)")
-    group.add_argument("--tokens", metavar="SPEC", help="tokens to dump, e.g. 0-31 or 0-7,12 (default: all)")
-    group.add_argument("--part", choices=("in", "out", "both"), default="both", help="tensor_part: inputs, outputs or both")
-    group.add_argument("--layers", metavar="GLOB", help="only nodes whose name matches (layer_name)")
-    group.add_argument("--stats-only", action="store_true", help="statistics only, no tensor payloads")
-    group.add_argument("--last-logits", action="store_true", help="dump only the logits of each token")
-    group.add_argument("--format", choices=("layerwatch", "msit"), default="layerwatch", help="dump layout")
+    group.add_argument(
+        "--tokens", metavar="SPEC", help="tokens to dump, e.g. 0-31 or 0-7,12 (default: all)"
+    )
+    group.add_argument(
+        "--part",
+        choices=("in", "out", "both"),
+        default="both",
+        help="tensor_part: inputs, outputs or both",
+    )
+    group.add_argument(
+        "--layers", metavar="GLOB", help="only nodes whose name matches (layer_name)"
+    )
+    group.add_argument(
+        "--stats-only", action="store_true", help="statistics only, no tensor payloads"
+    )
+    group.add_argument(
+        "--last-logits", action="store_true", help="dump only the logits of each token"
+    )
+    group.add_argument(
+        "--format", choices=("layerwatch", "msit"), default="layerwatch", help="dump layout"
+    )
     group.add_argument("--seed", type=int, help="seed_all(SEED) in the child before it runs")
 
 
 def add_watch_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--poll", action="store_true", help="poll the file system (NFS, Lustre, GPFS) instead of inotify")
-    parser.add_argument("--poll-interval", type=float, default=0.25, metavar="S", help="seconds between polls (default 0.25)")
+    parser.add_argument(
+        "--poll",
+        action="store_true",
+        help="poll the file system (NFS, Lustre, GPFS) instead of inotify",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="seconds between polls (default 0.25)",
+    )
 
 
 def add_compare_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--map", metavar="FILE", help="name-mapping rules (TOML/JSON) or msit op_mapping_file.json")
-    parser.add_argument("--auto-map", action="store_true", help="pair modules by identical weights when names differ")
-    parser.add_argument("--thresholds", metavar="FILE", help="thresholds TOML overriding the defaults")
-    parser.add_argument("--jobs", type=int, default=0, metavar="N", help="compare processes (default: CPU count)")
+    parser.add_argument(
+        "--map", metavar="FILE", help="name-mapping rules (TOML/JSON) or msit op_mapping_file.json"
+    )
+    parser.add_argument(
+        "--auto-map",
+        action="store_true",
+        help="pair modules by identical weights when names differ",
+    )
+    parser.add_argument(
+        "--thresholds", metavar="FILE", help="thresholds TOML overriding the defaults"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=0, metavar="N", help="compare processes (default: CPU count)"
+    )
 
 
 def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = True) -> None:
     """Headless report options of run/watch/open (as ``compare``), and the attach idle rule."""
-    parser.add_argument("-o", "--output", metavar="FILE", help="with --headless: write the report (.csv, or .json)")
-    parser.add_argument("--json", action="store_true", help="with --headless: print one JSON object to stdout, as compare --json")
+    parser.add_argument(
+        "-o", "--output", metavar="FILE", help="with --headless: write the report (.csv, or .json)"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with --headless: print one JSON object to stdout, as compare --json",
+    )
     if idle:
-        parser.add_argument("--idle", type=float, default=30.0, metavar="S", help="an attached dump is finished after S seconds without new files (default 30), or at its end marker")
+        parser.add_argument(
+            "--idle",
+            type=float,
+            default=30.0,
+            metavar="S",
+            help="an attached dump is finished after S seconds without new files (default 30), or at its end marker",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,18 +120,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="layerwatch 0.1.0")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run the demo model twice (golden, faulty target) and watch the grid")
-    demo.add_argument("--fault", default=None, metavar="NAME", help="fault injected into the target (see --list-faults)")
-    demo.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="target dtype (golden is fp32)")
-    demo.add_argument("--new-tokens", type=int, default=None, metavar="N", help="tokens to generate")
+    demo = sub.add_parser(
+        "demo", help="run the demo model twice (golden, faulty target) and watch the grid"
+    )
+    demo.add_argument(
+        "--fault",
+        default=None,
+        metavar="NAME",
+        help="fault injected into the target (see --list-faults)",
+    )
+    demo.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="target dtype (golden is fp32)",
+    )
+    demo.add_argument(
+        "--new-tokens", type=int, default=None, metavar="N", help="tokens to generate"
+    )
     demo.add_argument("--list-faults", action="store_true", help="list the named faults and exit")
-    demo.add_argument("--out", metavar="DIR", help="keep the dumps here (default: a temporary directory)")
-    demo.add_argument("--headless", action="store_true", help="print results instead of opening the TUI")
+    demo.add_argument(
+        "--out", metavar="DIR", help="keep the dumps here (default: a temporary directory)"
+    )
+    demo.add_argument(
+        "--headless", action="store_true", help="print results instead of opening the TUI"
+    )
 
     dump = sub.add_parser("dump", help="run an inference command unmodified with capture on")
     dump.add_argument("--out", required=True, metavar="DIR", help="dump directory")
     add_capture_options(dump)
-    dump.add_argument("--dumper", choices=("layerwatch", "msit"), default="layerwatch", help="msit: launch `msit llm dump` (Ascend ATB)")
+    dump.add_argument(
+        "--dumper",
+        choices=("layerwatch", "msit"),
+        default="layerwatch",
+        help="msit: launch `msit llm dump` (Ascend ATB)",
+    )
     dump.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh")
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
@@ -92,12 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     for side in SIDES:
         group = run.add_mutually_exclusive_group(required=True)
         group.add_argument(f"--{side}-cmd", metavar="CMD", help=f"{side} inference command")
-        group.add_argument(f"--{side}", metavar="DIR", help=f"{side} dump directory (finished or being written)")
-    run.add_argument("--out", metavar="DIR", help="where launched commands dump (default: ./layerwatch-run)")
+        group.add_argument(
+            f"--{side}", metavar="DIR", help=f"{side} dump directory (finished or being written)"
+        )
+    run.add_argument(
+        "--out", metavar="DIR", help="where launched commands dump (default: ./layerwatch-run)"
+    )
     run.add_argument("--shell", action="store_true", help="run the commands through /bin/sh")
     for side in SIDES:
-        run.add_argument(f"--{side}-dumper", choices=("layerwatch", "msit"), default="layerwatch", help=f"msit: launch --{side}-cmd under `msit llm dump` (Ascend ATB)")
-    run.add_argument("--headless", action="store_true", help="print progress lines instead of the TUI")
+        run.add_argument(
+            f"--{side}-dumper",
+            choices=("layerwatch", "msit"),
+            default="layerwatch",
+            help=f"msit: launch --{side}-cmd under `msit llm dump` (Ascend ATB)",
+        )
+    run.add_argument(
+        "--headless", action="store_true", help="print progress lines instead of the TUI"
+    )
     add_capture_options(run)
     add_watch_options(run)
     add_compare_options(run)
@@ -105,20 +186,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     watch = sub.add_parser("watch", help="attach to two dumps being written by anything")
     add_dump_pair(watch, "_DIR")
-    watch.add_argument("--headless", action="store_true", help="print progress lines instead of the TUI")
+    watch.add_argument(
+        "--headless", action="store_true", help="print progress lines instead of the TUI"
+    )
     add_watch_options(watch)
     add_compare_options(watch)
     add_live_report_options(watch)
 
     open_ = sub.add_parser("open", help="browse the comparison of two finished dumps")
     add_dump_pair(open_)
-    open_.add_argument("--headless", action="store_true", help="print the results instead of opening the TUI")
+    open_.add_argument(
+        "--headless", action="store_true", help="print the results instead of opening the TUI"
+    )
     add_compare_options(open_)
     add_live_report_options(open_, idle=False)
 
-    compare = sub.add_parser("compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure")
+    compare = sub.add_parser(
+        "compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure"
+    )
     add_dump_pair(compare)
-    compare.add_argument("-o", "--output", metavar="CSV", help="write the report (msit columns + verdicts)")
+    compare.add_argument(
+        "-o", "--output", metavar="CSV", help="write the report (msit columns + verdicts)"
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
     add_compare_options(compare)

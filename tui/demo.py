@@ -47,8 +47,8 @@ def demo_commands(fault: str, dtype: str, new_tokens: int | None) -> tuple[list[
 def build_pipeline(args: argparse.Namespace, out: Path):  # -> LivePipeline
     from layerwatch.capture.demo.faults import DEFAULT_FAULT, FAULTS
     from layerwatch.capture.launch import CaptureOptions, LaunchSpec
-    from layerwatch.engine.live import LivePipeline, SideSpec
-    from layerwatch.engine.session import CompareSession
+    from layerwatch.engine.live.pipeline import LivePipeline, SideSpec
+    from layerwatch.engine.session.core import CompareSession
 
     fault = args.fault or DEFAULT_FAULT
     if fault not in FAULTS and fault != "none":

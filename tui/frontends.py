@@ -28,7 +28,7 @@ PROGRESS_EVERY = 1.0
 
 def _session(args: argparse.Namespace, tokens: str | None = None) -> Any:
     from layerwatch.capture.tokens import parse_tokens
-    from layerwatch.engine.session import CompareSession
+    from layerwatch.engine.session.core import CompareSession
 
     return CompareSession(
         thresholds=getattr(args, "thresholds", None),
@@ -50,7 +50,7 @@ def _launch_dir(out: Path, side: str) -> Path:
 
 def run_main(args: argparse.Namespace) -> int:
     from layerwatch.capture.launch import CaptureOptions, LaunchSpec
-    from layerwatch.engine.live import LivePipeline, SideSpec, attach_spec
+    from layerwatch.engine.live.pipeline import LivePipeline, SideSpec, attach_spec
 
     options = CaptureOptions.from_args(args)
     out = Path(args.out or time.strftime("layerwatch-run-%Y%m%d-%H%M%S")).absolute()
@@ -75,7 +75,7 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def watch_main(args: argparse.Namespace) -> int:
-    from layerwatch.engine.live import LivePipeline, attach_spec
+    from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
 
     pipeline = LivePipeline(
         attach_spec(args.golden, idle_s=args.idle), attach_spec(args.target, idle_s=args.idle),
@@ -85,7 +85,7 @@ def watch_main(args: argparse.Namespace) -> int:
 
 
 def open_main(args: argparse.Namespace) -> int:
-    from layerwatch.engine.live import LivePipeline, attach_spec
+    from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
     from layerwatch.engine.readers import resolve
 
     for path, side in ((args.golden, "golden"), (args.target, "target")):

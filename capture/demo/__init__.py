@@ -26,12 +26,27 @@ PROMPT_LEN = 16
 NEW_TOKENS = 16
 PROMPT_SEED = 7
 
-__all__ = ["DEFAULT_FAULT", "FAULTS", "NEW_TOKENS", "PROMPT_LEN", "DemoConfig", "Fault",
-           "Transformer", "build_model", "generate", "make_prompt"]
+__all__ = [
+    "DEFAULT_FAULT",
+    "FAULTS",
+    "NEW_TOKENS",
+    "PROMPT_LEN",
+    "DemoConfig",
+    "Fault",
+    "Transformer",
+    "build_model",
+    "generate",
+    "make_prompt",
+]
 
 
-def build_model(*, dtype: str = "fp32", fault: str | None = None, layers: int | None = None,
-                config: DemoConfig | None = None) -> Transformer:
+def build_model(
+    *,
+    dtype: str = "fp32",
+    fault: str | None = None,
+    layers: int | None = None,
+    config: DemoConfig | None = None,
+) -> Transformer:
     """The demo model with its fixed random weights, cast to ``dtype``, with ``fault`` armed."""
     if dtype not in DTYPES:
         raise LayerwatchError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -47,7 +62,9 @@ def build_model(*, dtype: str = "fp32", fault: str | None = None, layers: int | 
     return model.to(DTYPES[dtype]).eval()
 
 
-def make_prompt(length: int = PROMPT_LEN, *, vocab_size: int | None = None, seed: int = PROMPT_SEED) -> torch.Tensor:
+def make_prompt(
+    length: int = PROMPT_LEN, *, vocab_size: int | None = None, seed: int = PROMPT_SEED
+) -> torch.Tensor:
     """Fixed random prompt ids, shape ``[1, length]``."""
     if length < 1:
         raise LayerwatchError(f"the prompt needs at least one token, got {length}")
@@ -56,7 +73,9 @@ def make_prompt(length: int = PROMPT_LEN, *, vocab_size: int | None = None, seed
 
 
 @torch.no_grad()
-def generate(model: Transformer, prompt: torch.Tensor | None = None, new_tokens: int = NEW_TOKENS) -> torch.Tensor:
+def generate(
+    model: Transformer, prompt: torch.Tensor | None = None, new_tokens: int = NEW_TOKENS
+) -> torch.Tensor:
     """Greedy decoding with the KV cache: ``new_tokens`` forward calls (prefill + decode steps).
 
     Returns prompt and generated ids, ``[1, P + new_tokens]``. Token numbering (and so the

@@ -17,17 +17,27 @@ from .model import DTYPES, DemoConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m layerwatch.capture.demo",
-                                     description="Tiny Llama-style model with named faults.")
+    parser = argparse.ArgumentParser(
+        prog="python -m layerwatch.capture.demo",
+        description="Tiny Llama-style model with named faults.",
+    )
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
-    parser.add_argument("--fault", default="none", metavar="NAME",
-                        help=f"one of: none, {', '.join(FAULTS)} (default target fault: {DEFAULT_FAULT})")
+    parser.add_argument(
+        "--fault",
+        default="none",
+        metavar="NAME",
+        help=f"one of: none, {', '.join(FAULTS)} (default target fault: {DEFAULT_FAULT})",
+    )
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, metavar="N")
     parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN, metavar="P")
     parser.add_argument("--layers", type=int, default=DemoConfig().n_layers, metavar="L")
     parser.add_argument("--dump", metavar="DIR", help="capture this run into DIR (register_hook)")
-    parser.add_argument("--format", choices=("layerwatch", "msit"), default="layerwatch",
-                        help="dump format with --dump")
+    parser.add_argument(
+        "--format",
+        choices=("layerwatch", "msit"),
+        default="layerwatch",
+        help="dump format with --dump",
+    )
     parser.add_argument("--list-faults", action="store_true", help="list the named faults and exit")
     return parser
 
@@ -37,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_faults:
         for fault in FAULTS.values():
             mark = " (default)" if fault.name == DEFAULT_FAULT else ""
-            print(f"{fault.name}{mark}: {fault.node} from token {fault.start_token}: {fault.description}")
+            print(
+                f"{fault.name}{mark}: {fault.node} from token {fault.start_token}: {fault.description}"
+            )
         return 0
     try:
         if args.new_tokens < 1:
@@ -57,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except LayerwatchError as exc:
         print(f"layerwatch demo: {exc}", file=sys.stderr)
         return 2
-    print(" ".join(str(i) for i in ids[0, prompt.shape[1]:].tolist()), flush=True)
+    print(" ".join(str(i) for i in ids[0, prompt.shape[1] :].tolist()), flush=True)
     return 0
 
 

@@ -34,19 +34,46 @@ class Fault:
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (
-        Fault("kv_cache", "KV-cache write lands one slot early from decode step 5 on (layer 3): an "
-              "entry is overwritten and the newest one stays zero",
-              "root.layers.3.attention.cache", 5, 3),
-        Fault("noisy_weight", "Gaussian noise (15% of its std) on layers.2.feed_forward.w2's weight",
-              "root.layers.2.feed_forward.w2", 0, 2, noise=0.15),
-        Fault("rmsnorm_eps", "layers.1.ffn_norm uses epsilon 0.5 instead of 1e-6 from token 2 on",
-              "root.layers.1.ffn_norm", 2, 1, eps=0.5),
-        Fault("softmax_fp16", "layers.4 attention softmax exponentiates the unscaled scores in fp16 "
-              "from token 3 on: exp overflows to inf, rows turn NaN",
-              "root.layers.4.attention.softmax", 3, 4),
-        Fault("rotary_swap", "layers.1 rotary embedding swaps the rotate-half halves from token 4 on "
-              "(rotates by -theta)",
-              "root.layers.1.attention.rope", 4, 1),
+        Fault(
+            "kv_cache",
+            "KV-cache write lands one slot early from decode step 5 on (layer 3): an "
+            "entry is overwritten and the newest one stays zero",
+            "root.layers.3.attention.cache",
+            5,
+            3,
+        ),
+        Fault(
+            "noisy_weight",
+            "Gaussian noise (15% of its std) on layers.2.feed_forward.w2's weight",
+            "root.layers.2.feed_forward.w2",
+            0,
+            2,
+            noise=0.15,
+        ),
+        Fault(
+            "rmsnorm_eps",
+            "layers.1.ffn_norm uses epsilon 0.5 instead of 1e-6 from token 2 on",
+            "root.layers.1.ffn_norm",
+            2,
+            1,
+            eps=0.5,
+        ),
+        Fault(
+            "softmax_fp16",
+            "layers.4 attention softmax exponentiates the unscaled scores in fp16 "
+            "from token 3 on: exp overflows to inf, rows turn NaN",
+            "root.layers.4.attention.softmax",
+            3,
+            4,
+        ),
+        Fault(
+            "rotary_swap",
+            "layers.1 rotary embedding swaps the rotate-half halves from token 4 on "
+            "(rotates by -theta)",
+            "root.layers.1.attention.rope",
+            4,
+            1,
+        ),
     )
 }
 DEFAULT_FAULT = "kv_cache"
@@ -56,7 +83,9 @@ DEFAULT_FAULT = "kv_cache"
 def get_fault(name: str) -> Fault:
     fault = FAULTS.get(name)
     if fault is None:
-        raise LayerwatchError(f"unknown fault {name!r}: choose one of {', '.join(FAULTS)} (or none)")
+        raise LayerwatchError(
+            f"unknown fault {name!r}: choose one of {', '.join(FAULTS)} (or none)"
+        )
     return fault
 
 
@@ -65,11 +94,15 @@ def apply_fault(model: torch.nn.Module, name: str) -> Fault:
     fault = get_fault(name)
     n_layers = len(model.layers)  # type: ignore[arg-type]
     if fault.layer >= n_layers:
-        raise LayerwatchError(f"fault {name} breaks layer {fault.layer}: use --layers {fault.layer + 1} or more")
+        raise LayerwatchError(
+            f"fault {name} breaks layer {fault.layer}: use --layers {fault.layer + 1} or more"
+        )
     module = model.get_submodule(fault.node.removeprefix("root."))
     module.fault = fault
     if fault.noise:
         weight = module.weight.detach()
         gen = torch.Generator().manual_seed(model.cfg.seed + 1)  # type: ignore[union-attr]
-        module.noise = torch.randn(weight.shape, generator=gen) * (fault.noise * float(weight.float().std()))
+        module.noise = torch.randn(weight.shape, generator=gen) * (
+            fault.noise * float(weight.float().std())
+        )
     return fault

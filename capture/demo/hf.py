@@ -41,7 +41,7 @@ def hf_name(demo_param: str) -> str:
     if head == "layers":
         for ours, theirs in LAYER_MAP:
             if rest.startswith(ours + "."):
-                return f"model.layers.{index}.{theirs}{rest[len(ours):]}"
+                return f"model.layers.{index}.{theirs}{rest[len(ours) :]}"
     raise KeyError(demo_param)
 
 
@@ -50,11 +50,20 @@ def hf_config(model: Transformer) -> Any:
 
     cfg = model.cfg
     return LlamaConfig(
-        hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim, num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        vocab_size=cfg.vocab_size, rms_norm_eps=cfg.norm_eps, max_position_embeddings=cfg.max_seq_len,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-        hidden_act="silu", attn_implementation="eager",
+        hidden_size=cfg.dim,
+        intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        vocab_size=cfg.vocab_size,
+        rms_norm_eps=cfg.norm_eps,
+        max_position_embeddings=cfg.max_seq_len,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        attn_implementation="eager",
     )
 
 
@@ -75,5 +84,11 @@ def to_hf(model: Transformer) -> Any:
 @torch.no_grad()
 def hf_generate(hf: Any, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy ``generate`` the way the demo does it (``new_tokens`` forward calls)."""
-    return hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return hf.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )

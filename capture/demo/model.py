@@ -107,7 +107,9 @@ class RotaryEmbedding(Faultable):
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, start_pos: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(start_pos, start_pos + q.shape[2], dtype=torch.float)
         freqs = pos[:, None] * self.inv_freq.float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -125,15 +127,17 @@ class KVCache(Faultable):
         self.register_buffer("k", None, persistent=False)
         self.register_buffer("v", None, persistent=False)
 
-    def forward(self, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, k: torch.Tensor, v: torch.Tensor, start_pos: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if start_pos == 0 or self.k is None:
             shape = (k.shape[0], k.shape[1], self.max_seq_len, k.shape[3])
             self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
             self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
         end = start_pos + k.shape[2]
         slot = start_pos - 1 if self.faulty() and start_pos > 0 else start_pos
-        self.k[:, :, slot:slot + k.shape[2]] = k
-        self.v[:, :, slot:slot + v.shape[2]] = v
+        self.k[:, :, slot : slot + k.shape[2]] = k
+        self.v[:, :, slot : slot + v.shape[2]] = v
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
@@ -179,7 +183,7 @@ class Attention(nn.Module):
         self.rope = RotaryEmbedding(ctx, cfg.head_dim, cfg.rope_theta)
         self.cache = KVCache(ctx, cfg.max_seq_len)
         self.scores = AttentionScores()
-        self.softmax = ScaledSoftmax(ctx, cfg.head_dim ** -0.5)
+        self.softmax = ScaledSoftmax(ctx, cfg.head_dim**-0.5)
         self.context = AttentionContext()
 
     def forward(self, x: torch.Tensor, start_pos: int) -> torch.Tensor:

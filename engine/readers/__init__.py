@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-
-from .base import DumpReader, ReaderUpdate, scandir
+from layerwatch.engine.readers.base import DumpReader, ReaderUpdate, scandir
 
 FORMATS = ("layerwatch", "msit", "atb", "msprobe")
 MSIT_RUN_PREFIX = "msit_dump_"
@@ -72,7 +71,7 @@ def resolve(path: str | os.PathLike[str]) -> Path:
 
 
 def _detect_here(p: Path) -> str | None:
-    from . import atb, layerwatch, msit, msprobe
+    from layerwatch.engine.readers import atb, layerwatch, msit, msprobe
 
     if p.is_file():
         return "msprobe" if p.name == msprobe.DUMP else None
@@ -97,10 +96,10 @@ def open_dump(
     ``options`` go to the reader (``nd_shapes=`` for ATB FRACTAL_NZ tensors). Raises
     :class:`LayerwatchError` with one line for a missing path or an unrecognised directory.
     """
-    from .atb import AtbReader
-    from .layerwatch import LayerwatchReader
-    from .msit import MsitReader
-    from .msprobe import MsprobeReader
+    from layerwatch.engine.readers.atb import AtbReader
+    from layerwatch.engine.readers.layerwatch import LayerwatchReader
+    from layerwatch.engine.readers.msit import MsitReader
+    from layerwatch.engine.readers.msprobe import MsprobeReader
 
     p = Path(os.path.abspath(path))
     if not p.exists():

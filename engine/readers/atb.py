@@ -21,11 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
-
-from ..load import itemsize, load_array
-from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
-from .atb_bin import NZ_FORMATS, BinIncomplete, read_header
-from .base import (
+from layerwatch.engine.readers.atb_bin import NZ_FORMATS, BinIncomplete, read_header
+from layerwatch.engine.readers.base import (
     DirectoryReader,
     RankIndex,
     ReaderUpdate,
@@ -34,6 +31,8 @@ from .base import (
     scandir,
     skipped_note,
 )
+from layerwatch.engine.readers.load import itemsize, load_array
+from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
 _OP_DIR = re.compile(r"^(\d+)_(.+)$")
 _TENSOR = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")

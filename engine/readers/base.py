@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from ..records import Locator, Stats, TensorRecord, Topology
+from layerwatch.engine.records import Locator, Stats, TensorRecord, Topology
 
 
 @dataclass(slots=True)

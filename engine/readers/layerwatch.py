@@ -15,10 +15,16 @@ from pathlib import Path
 
 from layerwatch.capture import format as lwf
 from layerwatch.capture.errors import LayerwatchError
-
-from ..load import canonical_dtype
-from ..records import Locator, ParamPrint, TensorKey, TensorRecord, Topology
-from .base import DirectoryReader, RankIndex, ReaderUpdate, is_rank_dir_name, scandir, stats_from
+from layerwatch.engine.readers.base import (
+    DirectoryReader,
+    RankIndex,
+    ReaderUpdate,
+    is_rank_dir_name,
+    scandir,
+    stats_from,
+)
+from layerwatch.engine.readers.load import canonical_dtype
+from layerwatch.engine.records import Locator, ParamPrint, TensorKey, TensorRecord, Topology
 
 
 def is_rank_dir(path: Path) -> bool:

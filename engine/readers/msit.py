@@ -20,10 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
-
-from ..load import canonical_dtype, load_array
-from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
-from .base import (
+from layerwatch.engine.readers.base import (
     DirectoryReader,
     RankIndex,
     ReaderUpdate,
@@ -32,7 +29,9 @@ from .base import (
     scandir,
     skipped_note,
 )
-from .pth import PthIncomplete, pth_locator
+from layerwatch.engine.readers.load import canonical_dtype, load_array
+from layerwatch.engine.readers.pth import PthIncomplete, pth_locator
+from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
 TREE = "model_tree.json"
 TENSOR_EXT = (".pth", ".pt", ".npy")

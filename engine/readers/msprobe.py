@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-
-from ..load import canonical_dtype, load_array
-from ..records import Locator, Stats, TensorKey, TensorRecord, Topology
-from .base import RankIndex, ReaderUpdate, scandir, skipped_note
-from .pth import PthIncomplete, pth_locator
+from layerwatch.engine.readers.base import RankIndex, ReaderUpdate, scandir, skipped_note
+from layerwatch.engine.readers.load import canonical_dtype, load_array
+from layerwatch.engine.readers.pth import PthIncomplete, pth_locator
+from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
 DUMP = "dump.json"
 CONSTRUCT = "construct.json"

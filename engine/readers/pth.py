@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-
-from ..load import canonical_dtype, itemsize
-from ..records import Locator
+from layerwatch.engine.readers.load import canonical_dtype, itemsize
+from layerwatch.engine.records import Locator
 
 _SMALL = 1 << 16
 """Files up to this size are read in one go; larger ones read their tail and headers only."""

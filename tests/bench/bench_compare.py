@@ -162,8 +162,8 @@ def timed(cmd: list[str], env: dict[str, str], repeat: int) -> tuple[list[float]
 
 def load_floor(golden: Path, target: Path, repeat: int) -> tuple[float, int, int]:
     """Seconds to read every payload of both dumps once (median), bytes, tensors."""
-    from layerwatch.engine.load import load_array
     from layerwatch.engine.readers import open_dump
+    from layerwatch.engine.readers.load import load_array
 
     times, nbytes, count = [], 0, 0
     for _ in range(repeat):

@@ -61,7 +61,9 @@ def generate(model, ids, c):
                               min_new_tokens=c["new"], do_sample=False, pad_token_id=0)
 """
 
-_MSIT_CODE = _MODEL_CODE + """
+_MSIT_CODE = (
+    _MODEL_CODE
+    + """
 import json, sys, time, statistics
 c = json.loads(sys.argv[1]); repeats = int(sys.argv[2]); out = sys.argv[3]
 torch.set_num_threads(1)
@@ -78,6 +80,7 @@ for _ in range(repeats):
     t = time.perf_counter(); generate(model, ids, c); dump.append(time.perf_counter() - t)
 print(json.dumps({"base": statistics.median(base), "dump": statistics.median(dump)}))
 """
+)
 
 
 def _dir_size(path: Path) -> tuple[int, int]:
@@ -117,10 +120,15 @@ def bench_ours(name: str, c: dict, repeats: int, fmt: str) -> dict:
             files, nbytes = _dir_size(out)
         finally:
             shutil.rmtree(out, ignore_errors=True)
-    return {"base": statistics.median(base), "dump": statistics.median(dump),
-            "pair": statistics.median(pairs), "register": statistics.median(reg),
-            "cpu": statistics.median(cpu_dump) / statistics.median(cpu_base),
-            "files": files, "bytes": nbytes}
+    return {
+        "base": statistics.median(base),
+        "dump": statistics.median(dump),
+        "pair": statistics.median(pairs),
+        "register": statistics.median(reg),
+        "cpu": statistics.median(cpu_dump) / statistics.median(cpu_base),
+        "files": files,
+        "bytes": nbytes,
+    }
 
 
 def bench_latency(c: dict, repeats: int) -> float:
@@ -155,8 +163,13 @@ def bench_msit(python: Path, c: dict, repeats: int) -> dict | None:
     out = Path(tempfile.mkdtemp(prefix="bench_dump_msit_"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     try:
-        proc = subprocess.run([str(python), "-c", _MSIT_CODE, json.dumps(c), str(repeats), str(out)],
-                              capture_output=True, text=True, env=env, timeout=1800)
+        proc = subprocess.run(
+            [str(python), "-c", _MSIT_CODE, json.dumps(c), str(repeats), str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode != 0 or not lines:
             tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -172,29 +185,40 @@ def main() -> int:
     parser.add_argument("--config", choices=("a", "b", "both"), default="both")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--format", choices=("layerwatch", "msit"), default="layerwatch")
-    parser.add_argument("--msit-python", default=str(MSIT_SIDE) if MSIT_SIDE.exists() else "",
-                        help="python of a venv with msit installed ('' = skip msit)")
+    parser.add_argument(
+        "--msit-python",
+        default=str(MSIT_SIDE) if MSIT_SIDE.exists() else "",
+        help="python of a venv with msit installed ('' = skip msit)",
+    )
     args = parser.parse_args()
     args.msit_python = Path(args.msit_python) if args.msit_python else None
     names = ("a", "b") if args.config == "both" else (args.config,)
-    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, repeats={args.repeats}, "
-          f"format={args.format}")
+    print(
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, repeats={args.repeats}, "
+        f"format={args.format}"
+    )
     for name in names:
         c = CONFIGS[name]
         ours = bench_ours(name, c, args.repeats, args.format)
         print(f"config {name} {c}")
-        print(f"  layerwatch: {ours['base']:.3f} s -> {ours['dump']:.3f} s = "
-              f"{ours['dump'] / ours['base']:.2f}x (median of per-run ratios {ours['pair']:.2f}x, "
-              f"process CPU {ours['cpu']:.2f}x; {ours['files']} files, "
-              f"{ours['bytes'] / 1e6:.1f} MB; register_hook {ours['register']:.3f} s)")
+        print(
+            f"  layerwatch: {ours['base']:.3f} s -> {ours['dump']:.3f} s = "
+            f"{ours['dump'] / ours['base']:.2f}x (median of per-run ratios {ours['pair']:.2f}x, "
+            f"process CPU {ours['cpu']:.2f}x; {ours['files']} files, "
+            f"{ours['bytes'] / 1e6:.1f} MB; register_hook {ours['register']:.3f} s)"
+        )
         if name == "b":
-            print(f"  live latency (last token ends -> its lines in index.jsonl): "
-                  f"{bench_latency(c, args.repeats) * 1e3:.0f} ms (median)")
+            print(
+                f"  live latency (last token ends -> its lines in index.jsonl): "
+                f"{bench_latency(c, args.repeats) * 1e3:.0f} ms (median)"
+            )
         if args.msit_python is not None:
             theirs = bench_msit(args.msit_python, c, args.repeats)
             if theirs:
-                print(f"  msit 8.2.0: {theirs['base']:.3f} s -> {theirs['dump']:.3f} s = "
-                      f"{theirs['dump'] / theirs['base']:.2f}x")
+                print(
+                    f"  msit 8.2.0: {theirs['base']:.3f} s -> {theirs['dump']:.3f} s = "
+                    f"{theirs['dump'] / theirs['base']:.2f}x"
+                )
     return 0
 
 

@@ -12,7 +12,7 @@ collection holds the GIL). Modes:
 - ``default``: CPython's thresholds (700, 10, 10);
 - ``startup``: ``gc.freeze()`` once after the imports;
 - ``threshold``: ``gc.set_threshold(50_000, 20, 100)`` only;
-- ``tuned``: what the live front ends do (``LivePipeline.freeze_heap``, :mod:`layerwatch.engine.gc_tuning`):
+- ``tuned``: what the live front ends do (``LivePipeline.freeze_heap``, :mod:`layerwatch.engine.live.gc_tuning`):
   ``settle()`` after start-up, then ``HeapFreezer.tick()`` after each flush (a collection of
   what is new and a freeze, at most once a second).
 """
@@ -38,7 +38,7 @@ ELEMS = 16
 def child(mode: str, pairs: int, workdir: Path) -> dict[str, object]:
     import numpy as np
     from layerwatch.engine.records import Locator, TensorKey, TensorRecord
-    from layerwatch.engine.session import CompareSession
+    from layerwatch.engine.session.core import CompareSession
 
     if mode == "startup":
         gc.freeze()
@@ -46,7 +46,7 @@ def child(mode: str, pairs: int, workdir: Path) -> dict[str, object]:
         gc.set_threshold(50_000, 20, 100)
     freezer = None
     if mode == "tuned":
-        from layerwatch.engine.gc_tuning import HeapFreezer, settle
+        from layerwatch.engine.live.gc_tuning import HeapFreezer, settle
 
         settle()
         freezer = HeapFreezer()

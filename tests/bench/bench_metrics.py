@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from layerwatch.engine.compare import compare_pair
-from layerwatch.engine.metrics import compare_arrays
+from layerwatch.engine.numerics.compare import compare_pair
+from layerwatch.engine.numerics.metrics import compare_arrays
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import Locator, TensorKey, TensorRecord
-from layerwatch.engine.thresholds import Thresholds
 
 MSIT_PYTHON = Path("/work/side/msit/bin/python")
 MSIT_DOC = {100_000: 109.0, 1_000_000: 80.0, 10_000_000: 55.0}
@@ -164,9 +164,9 @@ def section_files(sizes: list[int], repeats: int, tmp: Path, th: Thresholds) -> 
 E2E = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from layerwatch.engine.compare import compare_pair
+    from layerwatch.engine.numerics.compare import compare_pair
     from layerwatch.engine.records import Locator, TensorKey, TensorRecord
-    from layerwatch.engine.thresholds import Thresholds
+    from layerwatch.engine.numerics.thresholds import Thresholds
     root, pairs, n = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     th = Thresholds.load()
     fails = 0
@@ -249,9 +249,9 @@ def section_e2e(repeats: int, tmp: Path) -> None:
 
 MEMORY = textwrap.dedent("""
     import sys
-    from layerwatch.engine.compare import compare_pair
+    from layerwatch.engine.numerics.compare import compare_pair
     from layerwatch.engine.records import Locator, TensorKey, TensorRecord
-    from layerwatch.engine.thresholds import Thresholds
+    from layerwatch.engine.numerics.thresholds import Thresholds
     g_path, t_path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     th = Thresholds.load()
     rec = lambda p, n: TensorRecord(TensorKey(0, "root.big", "output"), "float32", (n,),

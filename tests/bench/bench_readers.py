@@ -100,9 +100,9 @@ def make_layerwatch(root: Path, n: int) -> Path:
 
 def bench_small(tmp: Path, n: int, repeat: int) -> None:
     import torch
-    from layerwatch.engine.load import load_array
     from layerwatch.engine.readers import open_dump
     from layerwatch.engine.readers.atb_bin import read_header
+    from layerwatch.engine.readers.load import load_array
     from layerwatch.engine.readers.pth import pth_locator
 
     print(f"\n== many small tensors ({n} files of 1x16x64) ==")
@@ -193,7 +193,7 @@ def bench_small(tmp: Path, n: int, repeat: int) -> None:
 
 def bench_big(tmp: Path, count: int, repeat: int) -> None:
     import torch
-    from layerwatch.engine.load import iter_chunks, load_array
+    from layerwatch.engine.readers.load import iter_chunks, load_array
     from layerwatch.engine.readers.pth import pth_locator
     from support import atb
 

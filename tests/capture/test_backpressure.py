@@ -37,8 +37,12 @@ def test_slow_writer_back_pressure_bounds_the_queue(tmp_path, monkeypatch):
     bound = 512 * 1024
     model = Wide()
     x = torch.randn(128, 128)  # 64 KiB activations
-    with torch.no_grad(), register_hook(model, DumpConfig(dump_path=tmp_path, queue_bytes=bound,
-                                                          dump_statistics_mode=0)) as handle:
+    with (
+        torch.no_grad(),
+        register_hook(
+            model, DumpConfig(dump_path=tmp_path, queue_bytes=bound, dump_statistics_mode=0)
+        ) as handle,
+    ):
         start = time.perf_counter()
         for _ in range(12):
             model(x)

@@ -17,8 +17,12 @@ def test_defaults_dump_every_token_both_parts_with_statistics(tmp_path):
 
 @pytest.mark.parametrize(
     ("token_range", "inside", "outside"),
-    [([0, 1, 5], [0, 1, 5], [2, 6]), (range(2, 4), [2, 3], [1, 4]), ("0-2,7", [0, 2, 7], [3, 8]),
-     ("5-", [5, 500], [4])],
+    [
+        ([0, 1, 5], [0, 1, 5], [2, 6]),
+        (range(2, 4), [2, 3], [1, 4]),
+        ("0-2,7", [0, 2, 7], [3, 8]),
+        ("5-", [5, 500], [4]),
+    ],
 )
 def test_token_range_accepts_msit_list_range_and_spec(tmp_path, token_range, inside, outside):
     cfg = DumpConfig(dump_path=tmp_path, token_range=token_range)
@@ -52,8 +56,11 @@ def test_bad_arguments_raise_one_line_errors(tmp_path, kwargs, needle):
 
 
 def test_filters_glob_and_types(tmp_path):
-    cfg = DumpConfig(dump_path=tmp_path, layer_name=["root.layers.[01].*", "root.norm"],
-                     module_list=[torch.nn.Linear, torch.nn.LayerNorm])
+    cfg = DumpConfig(
+        dump_path=tmp_path,
+        layer_name=["root.layers.[01].*", "root.norm"],
+        module_list=[torch.nn.Linear, torch.nn.LayerNorm],
+    )
     lin = torch.nn.Linear(2, 2)
     assert cfg.selects("root.layers.1.attention.wq", lin)
     assert not cfg.selects("root.layers.2.attention.wq", lin)

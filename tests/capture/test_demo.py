@@ -22,12 +22,18 @@ def _trace(model):
     records: list[tuple[int, str, list[torch.Tensor]]] = []
 
     def hook(module, args, output, *, name):
-        outs = [output] if isinstance(output, torch.Tensor) else [o for o in output if isinstance(o, torch.Tensor)]
+        outs = (
+            [output]
+            if isinstance(output, torch.Tensor)
+            else [o for o in output if isinstance(o, torch.Tensor)]
+        )
         step = model.ctx.step - (name == "root")  # the root counts its call when it returns
         records.append((step, name, [o.detach().clone() for o in outs]))
 
-    handles = [m.register_forward_hook(functools.partial(hook, name=("root." + n).rstrip(".")))
-               for n, m in model.named_modules()]
+    handles = [
+        m.register_forward_hook(functools.partial(hook, name=("root." + n).rstrip(".")))
+        for n, m in model.named_modules()
+    ]
     ids = generate(model, new_tokens=TRACE_TOKENS)
     for h in handles:
         h.remove()
@@ -49,16 +55,23 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(FAULTS))
-def test_each_fault_breaks_exactly_its_operator_first_from_its_start_token(name, clean_trace, fault_traces):
+def test_each_fault_breaks_exactly_its_operator_first_from_its_start_token(
+    name, clean_trace, fault_traces
+):
     fault = FAULTS[name]
     clean, _ = clean_trace
     faulty, _ = fault_traces[name]
     assert [(t, n) for t, n, _ in faulty[: len(clean)]] == [(t, n) for t, n, _ in clean]
-    first = next(i for i, (c, f) in enumerate(zip(clean, faulty, strict=False)) if not _same(c[2], f[2]))
+    first = next(
+        i for i, (c, f) in enumerate(zip(clean, faulty, strict=False)) if not _same(c[2], f[2])
+    )
     assert (clean[first][0], clean[first][1]) == (fault.start_token, fault.node)
     # ... and it stays broken at every later token
-    broken_tokens = {t for (t, n, out), (_, _, fout) in zip(clean, faulty, strict=False)
-                     if n == fault.node and not _same(out, fout)}
+    broken_tokens = {
+        t
+        for (t, n, out), (_, _, fout) in zip(clean, faulty, strict=False)
+        if n == fault.node and not _same(out, fout)
+    }
     last = max(t for t, _, _ in clean)
     assert broken_tokens == set(range(fault.start_token, last + 1))
 
@@ -126,9 +139,20 @@ def test_demo_capture_names_every_operator(tmp_path):
         generate(model)
     got = lwdump.tensors(handle.run_dir)
     nodes = {node for (_, node, _) in got}
-    for op in ("attention.wq", "attention.rope", "attention.cache", "attention.scores",
-               "attention.softmax", "attention.context", "attention.wo", "attention_norm",
-               "ffn_norm", "feed_forward.w1", "feed_forward.act", "feed_forward.w2"):
+    for op in (
+        "attention.wq",
+        "attention.rope",
+        "attention.cache",
+        "attention.scores",
+        "attention.softmax",
+        "attention.context",
+        "attention.wo",
+        "attention_norm",
+        "ffn_norm",
+        "feed_forward.w1",
+        "feed_forward.act",
+        "feed_forward.w2",
+    ):
         assert f"root.layers.3.{op}" in nodes
     assert {"root", "root.tok_embeddings", "root.norm", "root.output"} <= nodes
     cache = {stem for (t, node, stem) in got if t == 5 and node == "root.layers.3.attention.cache"}
@@ -139,13 +163,29 @@ def test_demo_capture_names_every_operator(tmp_path):
 
 
 def test_command_line(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "layerwatch.capture.demo", "--new-tokens", "3",
-                          "--layers", "4", "--dump", str(tmp_path)], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "layerwatch.capture.demo",
+            "--new-tokens",
+            "3",
+            "--layers",
+            "4",
+            "--dump",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     ids = [int(x) for x in run.stdout.split()]
     assert ids == generate(build_model(layers=4), new_tokens=3)[0, 16:].tolist()
     lines = lwdump.index(lwdump.rank_dir(tmp_path))
     assert lines[-1]["k"] == "end" and lines[-1]["tokens"] == 3
-    bad = subprocess.run([sys.executable, "-m", "layerwatch.capture.demo", "--fault", "nope"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "layerwatch.capture.demo", "--fault", "nope"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown fault" in bad.stderr

@@ -43,8 +43,15 @@ CASES = {
     "index-tensors": (150_000, 1, {"token_range": "1-"}),
     "index-stats-only": (60_000, 1, {"dump_statistics_mode": 1}),
     # a data file crosses the limit while the index still has room (it then gets an error line)
-    "data": (5_000, 3, {"token_range": "1-", "tensor_part": 1,
-                        "layer_name": ["root.output", "root.layers.0.attention.cache"]}),
+    "data": (
+        5_000,
+        3,
+        {
+            "token_range": "1-",
+            "tensor_part": 1,
+            "layer_name": ["root.output", "root.layers.0.attention.cache"],
+        },
+    ),
 }
 
 
@@ -66,14 +73,20 @@ def _check_intact(run) -> list[dict]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_file_size_limit_stops_capture_but_not_the_model(tmp_path, case):
     limit, at, config = CASES[case]
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(limit), str(at), json.dumps(config)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path), str(limit), str(at), json.dumps(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     expected = generate(build_model(layers=4), new_tokens=8)[0].tolist()
     out = proc.stdout.splitlines()
     assert [int(x) for x in out[0].split()] == expected  # the model ran to the end, unchanged
     err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(err) == 1 and err[0].startswith("layerwatch: capture stopped: file size limit reached")
+    assert len(err) == 1 and err[0].startswith(
+        "layerwatch: capture stopped: file size limit reached"
+    )
     assert out[1] == "failed: " + err[0].removeprefix("layerwatch: ")
     run = lwdump.rank_dir(tmp_path)
     lines = _check_intact(run)

@@ -15,17 +15,29 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def llama():
     torch.manual_seed(99)
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, vocab_size=50, max_position_embeddings=64,
-                                   attn_implementation="eager")
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=50,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
 def _run(model, tmp_path, **kwargs):
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     with register_hook(model, DumpConfig(dump_path=tmp_path, **kwargs)) as handle, torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
-                             min_new_tokens=4, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=4,
+            min_new_tokens=4,
+            do_sample=False,
+            pad_token_id=0,
+        )
     return handle.run_dir, out
 
 
@@ -46,11 +58,21 @@ def test_tensor_part(llama, tmp_path, part, prefix):
 def test_layer_name_glob_and_module_list(llama, tmp_path):
     run, _ = _run(llama, tmp_path / "g", layer_name="root.model.layers.1.*_proj", token_range="0-1")
     nodes = {node for (_, node, _) in lwdump.tensors(run)}
-    assert nodes == {f"root.model.layers.1.{n}" for n in
-                     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
-    run, _ = _run(llama, tmp_path / "t", module_list=[nn.Embedding, type(llama.model.norm)],
-                  token_range="0")
+    assert nodes == {
+        f"root.model.layers.1.{n}"
+        for n in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    }
+    run, _ = _run(
+        llama, tmp_path / "t", module_list=[nn.Embedding, type(llama.model.norm)], token_range="0"
+    )
     types = {line["type"] for line in lwdump.tensors(run).values()}
     assert types == {"Embedding", "LlamaRMSNorm"}
 
@@ -66,15 +88,22 @@ def test_dump_last_logits_writes_only_the_lm_head_output(llama, tmp_path):
 
 
 def test_dump_weight_writes_each_selected_parameter_once(llama, tmp_path):
-    run, _ = _run(llama, tmp_path, dump_weight=True, layer_name=["root.model.norm", "root.lm_head"],
-                  token_range="0")
+    run, _ = _run(
+        llama,
+        tmp_path,
+        dump_weight=True,
+        layer_name=["root.model.norm", "root.lm_head"],
+        token_range="0",
+    )
     weights = {ln["name"]: ln for ln in lwdump.index(run) if ln["k"] == "weight"}
     assert set(weights) == {"root.model.norm.weight", "root.lm_head.weight"}
     line = weights["root.lm_head.weight"]
     assert line["node"] == "root.lm_head" and line["param"] == "weight"
     assert torch.equal(lwdump.load(run, line), llama.lm_head.weight.detach())
     with safe_open(str(run / line["file"]), "pt") as fh:
-        assert torch.equal(fh.get_tensor("weights/root.lm_head.weight"), llama.lm_head.weight.detach())
+        assert torch.equal(
+            fh.get_tensor("weights/root.lm_head.weight"), llama.lm_head.weight.detach()
+        )
 
 
 def test_statistics_only_writes_no_payload(llama, tmp_path):
@@ -95,7 +124,9 @@ def test_after_the_last_selected_token_only_the_root_hooks_remain(tmp_path):
     handle = register_hook(model, DumpConfig(dump_path=tmp_path, token_range="0-1"))
     for _ in range(3):
         model(torch.ones(1, 2))
-    hooks = {name: len(m._forward_hooks) + len(m._forward_pre_hooks) for name, m in model.named_modules()}
+    hooks = {
+        name: len(m._forward_hooks) + len(m._forward_pre_hooks) for name, m in model.named_modules()
+    }
     assert hooks == {"": 2, "0": 0, "1": 0}
     model(torch.ones(1, 2))
     handle.close()

@@ -19,16 +19,29 @@ PROMPT = 6
 @pytest.fixture(scope="module")
 def llama():
     torch.manual_seed(1234)
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
-                                   max_position_embeddings=64, attn_implementation="eager")
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=97,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
 def _generate(model, ids):
     with torch.no_grad():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                              min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +68,22 @@ def test_kwargs_model_outputs_and_names(dumped):
     run, _, _ = dumped
     got = lwdump.tensors(run)
     nodes = {node for (_, node, _) in got}
-    assert {"root", "root.model", "root.model.layers.1.self_attn.o_proj", "root.lm_head",
-            "root.model.layers.0.mlp.act_fn", "root.model.rotary_emb"} <= nodes
+    assert {
+        "root",
+        "root.model",
+        "root.model.layers.1.self_attn.o_proj",
+        "root.lm_head",
+        "root.model.layers.0.mlp.act_fn",
+        "root.model.rotary_emb",
+    } <= nodes
     attn = {stem for (t, node, stem) in got if t == 1 and node == "root.model.layers.0.self_attn"}
     # HF calls attention with keyword arguments only: msit sees none of these inputs
-    assert {"input_hidden_states", "input_position_embeddings_0", "input_position_embeddings_1",
-            "output_0"} <= attn
+    assert {
+        "input_hidden_states",
+        "input_position_embeddings_0",
+        "input_position_embeddings_1",
+        "output_0",
+    } <= attn
     root = {stem for (t, node, stem) in got if t == 0 and node == "root"}
     assert "output_logits" in root and "input_input_ids" in root  # ModelOutput field, kwarg
     assert not any("past_key_values" in stem for (_, _, stem) in got)  # Cache objects skipped
@@ -80,7 +103,7 @@ def test_every_data_file_is_valid_safetensors_matching_the_offsets(dumped):
         with safe_open(str(run / name), "pt") as fh:
             keys = set(fh.keys())
             for ln in group:
-                key = f'{ln["token"]}/{ln["node"]}/{ln["stem"]}'
+                key = f"{ln['token']}/{ln['node']}/{ln['stem']}"
                 tensor = lwdump.load(run, ln)
                 if key in keys:
                     assert torch.equal(fh.get_tensor(key), tensor)
@@ -96,7 +119,10 @@ def test_topology_has_tree_order_and_fingerprints(dumped, llama):
     down = nodes["root.model.layers.1.mlp.down_proj"]
     assert down["parent"] == "root.model.layers.1.mlp" and down["type"] == "Linear"
     assert nodes["root"]["order"] == max(n["order"] for n in nodes.values())
-    assert nodes["root.model.layers.0.mlp.down_proj"]["order"] < nodes["root.model.layers.0.mlp"]["order"]
+    assert (
+        nodes["root.model.layers.0.mlp.down_proj"]["order"]
+        < nodes["root.model.layers.0.mlp"]["order"]
+    )
     w = llama.model.layers[1].mlp.down_proj.weight.detach().double()
     assert down["params"]["weight"]["abs_sum"] == pytest.approx(float(w.abs().sum()), rel=1e-12)
     assert nodes["root.model.layers.1"]["params"] == {}
@@ -107,7 +133,10 @@ def test_bf16_model_payloads_are_stored_as_bf16(llama, tmp_path):
     model.load_state_dict(llama.state_dict())
     model = model.to(torch.bfloat16)
     ids = torch.tensor([[5, 6, 7]])
-    with register_hook(model, DumpConfig(dump_path=tmp_path, token_range=[0])) as handle, torch.no_grad():
+    with (
+        register_hook(model, DumpConfig(dump_path=tmp_path, token_range=[0])) as handle,
+        torch.no_grad(),
+    ):
         out = model(ids)
     got = lwdump.tensors(handle.run_dir)
     line = got[0, "root.lm_head", "output"]
@@ -124,7 +153,9 @@ def test_attach_from_a_global_pre_hook_like_the_bootstrap(llama, dumped, tmp_pat
 
     def global_pre(module, args):
         if not handles and module is llama:
-            handles.append(register_hook(module, DumpConfig(dump_path=tmp_path), already_in_call=True))
+            handles.append(
+                register_hook(module, DumpConfig(dump_path=tmp_path), already_in_call=True)
+            )
 
     token = torch.nn.modules.module.register_module_forward_pre_hook(global_pre)
     try:
@@ -139,6 +170,11 @@ def test_attach_from_a_global_pre_hook_like_the_bootstrap(llama, dumped, tmp_pat
     normal = lwdump.tensors(run)
     attached = lwdump.tensors(handles[0].run_dir)
     assert set(attached) == set(normal)
-    for key in ((0, "root.model.layers.1.mlp.down_proj", "output"), (0, "root", "input_input_ids"),
-                (NEW_TOKENS - 1, "root", "output_logits")):
-        assert torch.equal(lwdump.load(handles[0].run_dir, attached[key]), lwdump.load(run, normal[key]))
+    for key in (
+        (0, "root.model.layers.1.mlp.down_proj", "output"),
+        (0, "root", "input_input_ids"),
+        (NEW_TOKENS - 1, "root", "output_logits"),
+    ):
+        assert torch.equal(
+            lwdump.load(handles[0].run_dir, attached[key]), lwdump.load(run, normal[key])
+        )

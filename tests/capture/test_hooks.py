@@ -81,8 +81,14 @@ def test_keyword_inputs_dataclass_and_dict_outputs(tmp_path):
         net(x, bias=torch.full((2,), 0.5), pair=(x * 4, None), flag=False)
     got = lwdump.tensors(handle.run_dir)
     stems = {stem for (_, node, stem) in got if node == "root"}
-    assert stems == {"input_0", "input_bias", "input_pair_0", "output_logits", "output_extra_0",
-                     "output_extra_1_z"}
+    assert stems == {
+        "input_0",
+        "input_bias",
+        "input_pair_0",
+        "output_logits",
+        "output_extra_0",
+        "output_extra_1_z",
+    }
     y = net.inner(x) + 0.5
     assert torch.allclose(lwdump.load(handle.run_dir, got[0, "root", "output_extra_1_z"]), y * 3)
     assert torch.equal(lwdump.load(handle.run_dir, got[0, "root", "input_pair_0"]), x * 4)
@@ -121,9 +127,17 @@ def test_token_counting_order_and_input_ids(tmp_path):
     tokens = [ln for ln in lines if ln["k"] == "token"]
     assert [t["token"] for t in tokens] == [0, 1, 2]
     assert tokens[2]["input_ids"] == [2, 3]
-    assert lines[-1] == {"k": "end", "status": "complete", "tokens": 3, "tensors": lines[-1]["tensors"]}
+    assert lines[-1] == {
+        "k": "end",
+        "status": "complete",
+        "tokens": 3,
+        "tensors": lines[-1]["tensors"],
+    }
     got = lwdump.tensors(handle.run_dir)
-    orders = {node: got[1, node, "output"]["order"] for node in ("root.inc", "root.lin", "root.act", "root.tail", "root")}
+    orders = {
+        node: got[1, node, "output"]["order"]
+        for node in ("root.inc", "root.lin", "root.act", "root.tail", "root")
+    }
     assert orders == {"root.inc": 0, "root.lin": 1, "root.act": 2, "root.tail": 3, "root": 4}
     topo = json.loads((handle.run_dir / "topology.json").read_text())
     by_name = {n["name"]: n for n in topo["nodes"]}
@@ -171,8 +185,15 @@ def test_attach_from_a_global_pre_hook_inside_the_first_call(tmp_path):
 
     def global_pre(module, args):
         if not handles and module is net:
-            handles.append(register_hook(module, DumpConfig(dump_path=tmp_path / "live"),
-                                         already_in_call=True, call_args=args, call_kwargs={}))
+            handles.append(
+                register_hook(
+                    module,
+                    DumpConfig(dump_path=tmp_path / "live"),
+                    already_in_call=True,
+                    call_args=args,
+                    call_kwargs={},
+                )
+            )
 
     token = torch.nn.modules.module.register_module_forward_pre_hook(global_pre)
     try:
@@ -187,13 +208,25 @@ def test_attach_from_a_global_pre_hook_inside_the_first_call(tmp_path):
     live, normal = lwdump.index(handles[0].run_dir), lwdump.index(ref.run_dir)
 
     def shape(lines):
-        return [(ln["k"], ln.get("token"), ln.get("node"), ln.get("stem"), ln.get("order"),
-                 ln.get("input_ids")) for ln in lines if ln["k"] in ("t", "token")]
+        return [
+            (
+                ln["k"],
+                ln.get("token"),
+                ln.get("node"),
+                ln.get("stem"),
+                ln.get("order"),
+                ln.get("input_ids"),
+            )
+            for ln in lines
+            if ln["k"] in ("t", "token")
+        ]
 
     assert sorted(shape(live), key=str) == sorted(shape(normal), key=str)
     lt, nt = lwdump.tensors(handles[0].run_dir), lwdump.tensors(ref.run_dir)
     for key in nt:
-        assert torch.equal(lwdump.load(handles[0].run_dir, lt[key]), lwdump.load(ref.run_dir, nt[key]))
+        assert torch.equal(
+            lwdump.load(handles[0].run_dir, lt[key]), lwdump.load(ref.run_dir, nt[key])
+        )
 
 
 def test_attach_without_the_call_arguments_reads_them_at_the_end_of_the_call(tmp_path):
@@ -202,7 +235,9 @@ def test_attach_without_the_call_arguments_reads_them_at_the_end_of_the_call(tmp
 
     def global_pre(module, args):
         if not handles and module is net:
-            handles.append(register_hook(module, DumpConfig(dump_path=tmp_path), already_in_call=True))
+            handles.append(
+                register_hook(module, DumpConfig(dump_path=tmp_path), already_in_call=True)
+            )
 
     token = torch.nn.modules.module.register_module_forward_pre_hook(global_pre)
     try:
@@ -257,13 +292,15 @@ def test_statistics_match_numpy_on_the_finite_part(tmp_path):
     special[[3, 10]] = np.nan
     special[[5]] = np.inf
     special[[7]] = -np.inf
-    xs = [torch.from_numpy(rng.standard_normal(300).astype(np.float32) * 5 + 2),
-          torch.from_numpy(special),
-          torch.from_numpy(rng.standard_normal(70000).astype(np.float32)),  # the large path
-          torch.from_numpy(rng.standard_normal(512).astype(np.float32)).to(torch.bfloat16),
-          torch.tensor([3, -4, 12], dtype=torch.int64),
-          torch.full((4,), float("nan")),
-          torch.zeros(0)]
+    xs = [
+        torch.from_numpy(rng.standard_normal(300).astype(np.float32) * 5 + 2),
+        torch.from_numpy(special),
+        torch.from_numpy(rng.standard_normal(70000).astype(np.float32)),  # the large path
+        torch.from_numpy(rng.standard_normal(512).astype(np.float32)).to(torch.bfloat16),
+        torch.tensor([3, -4, 12], dtype=torch.int64),
+        torch.full((4,), float("nan")),
+        torch.zeros(0),
+    ]
     top = Top()
     with register_hook(top, DumpConfig(dump_path=tmp_path)) as handle:
         top(xs)
@@ -282,8 +319,10 @@ def test_statistics_match_numpy_on_the_finite_part(tmp_path):
             assert stats["norm"] == pytest.approx(np.linalg.norm(finite), rel=1e-5)
         else:
             assert stats["max"] == "nan" and stats["norm"] == 0.0
-        assert torch.equal(lwdump.load(handle.run_dir, line).view(-1).view(torch.uint8),
-                           x.reshape(-1).view(torch.uint8))
+        assert torch.equal(
+            lwdump.load(handle.run_dir, line).view(-1).view(torch.uint8),
+            x.reshape(-1).view(torch.uint8),
+        )
 
 
 def test_a_script_that_never_closes_still_ends_with_a_complete_dump(tmp_path):
@@ -291,17 +330,22 @@ def test_a_script_that_never_closes_still_ends_with_a_complete_dump(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, torch\n"
-            "from layerwatch.capture import DumpConfig, register_hook\n"
-            "net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())\n"
-            "register_hook(net, DumpConfig(dump_path=sys.argv[1]))\n"
-            "for _ in range(3): net(torch.ones(2, 3))\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys, torch\n"
+        "from layerwatch.capture import DumpConfig, register_hook\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())\n"
+        "register_hook(net, DumpConfig(dump_path=sys.argv[1]))\n"
+        "for _ in range(3): net(torch.ones(2, 3))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stderr == ""
     run = lwdump.rank_dir(tmp_path)
     lines = lwdump.index(run)
-    assert lines[-1]["k"] == "end" and lines[-1]["status"] == "complete" and lines[-1]["tokens"] == 3
+    assert (
+        lines[-1]["k"] == "end" and lines[-1]["status"] == "complete" and lines[-1]["tokens"] == 3
+    )
     assert {t for (t, _, _) in lwdump.tensors(run)} == {0, 1, 2}
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
 
@@ -364,4 +408,6 @@ def test_complex_and_sparse_tensors_are_indexed_without_stopping_capture(tmp_pat
     freqs = got[1, "root.rot", "input_1"]
     assert freqs["dtype"] == "complex64" and freqs["shape"] == [4] and freqs["file"] == ""
     assert got[1, "root.rot", "output_2"]["file"] == ""
-    assert torch.equal(lwdump.load(handle.run_dir, got[1, "root.rot", "output_0"]), torch.full((4,), 2.0))
+    assert torch.equal(
+        lwdump.load(handle.run_dir, got[1, "root.rot", "output_0"]), torch.full((4,), 2.0)
+    )

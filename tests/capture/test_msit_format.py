@@ -40,7 +40,9 @@ def test_layout_model_tree_weights_and_safe_loading(tmp_path):
     torch.manual_seed(0)
     toy = Toy()
     ids = [torch.tensor([[1, 2, 3]]), torch.tensor([[4]])]
-    with register_hook(toy, DumpConfig(dump_path=tmp_path, format="msit", dump_weight=True)) as handle:
+    with register_hook(
+        toy, DumpConfig(dump_path=tmp_path, format="msit", dump_weight=True)
+    ) as handle:
         outs = [toy(x) for x in ids]
     run = handle.run_dir
     assert re.fullmatch(r"msit_dump_\d{8}_\d{6}", run.parents[1].name)
@@ -49,17 +51,24 @@ def test_layout_model_tree_weights_and_safe_loading(tmp_path):
     assert tree["name"] == "root" and tree["type"] == "Toy"
     assert [c["name"] for c in tree["children"]] == ["root.embed", "root.layers", "root.head"]
     layer0 = tree["children"][1]["children"][0]
-    assert layer0 == {"name": "root.layers.0", "type": "Block", "children": [
-        {"name": "root.layers.0.proj", "type": "Linear", "children": []},
-        {"name": "root.layers.0.act", "type": "SiLU", "children": []}]}
+    assert layer0 == {
+        "name": "root.layers.0",
+        "type": "Block",
+        "children": [
+            {"name": "root.layers.0.proj", "type": "Linear", "children": []},
+            {"name": "root.layers.0.act", "type": "SiLU", "children": []},
+        ],
+    }
     assert sorted(p.name for p in run.iterdir()) == ["0", "1", "model_tree.json", "weights"]
     files = {p.name for p in (run / "0" / "root.layers.1").iterdir()}
     assert files == {"input_0.pth", "output_0.pth", "output_1.pth"}
     for token, out in enumerate(outs):
         head = torch.load(run / str(token) / "root.head" / "output.pth", weights_only=True)
         assert torch.equal(head, out)
-        assert torch.equal(torch.load(run / str(token) / "root.embed" / "input_0.pth", weights_only=True),
-                           ids[token])
+        assert torch.equal(
+            torch.load(run / str(token) / "root.embed" / "input_0.pth", weights_only=True),
+            ids[token],
+        )
     view = torch.load(run / "0" / "root.layers.0" / "output_1.pth", weights_only=True)
     assert view.untyped_storage().nbytes() == view.numel() * 4  # not the whole storage
     weight = torch.load(run / "weights" / "root.layers.1.proj.weight.pth", weights_only=True)
@@ -72,7 +81,9 @@ def test_layout_model_tree_weights_and_safe_loading(tmp_path):
 def test_statistics_csv_in_msit_columns(tmp_path):
     torch.manual_seed(0)
     toy = Toy()
-    with register_hook(toy, DumpConfig(dump_path=tmp_path, format="msit", dump_statistics_mode=1)) as handle:
+    with register_hook(
+        toy, DumpConfig(dump_path=tmp_path, format="msit", dump_statistics_mode=1)
+    ) as handle:
         out = toy(torch.tensor([[1, 2]])).detach()
     run = handle.run_dir
     assert not list(run.rglob("*.pth"))

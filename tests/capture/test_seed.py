@@ -33,11 +33,21 @@ print(json.dumps({"same": a == b == d, "differs": a != c, "ids": ids,
 
 
 def test_seed_all_repeats_draws_sets_determinism_and_keeps_cpu_runs_working(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OUT": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OUT": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
     assert got["same"] and got["differs"] and got["det"] and len(got["ids"]) == 16 + 3
-    assert got["env"] == {"PYTHONHASHSEED": "42", "HCCL_DETERMINISTIC": "true", "LCCL_DETERMINISTIC": "1",
-                          "ATB_MATMUL_SHUFFLE_K_ENABLE": "0", "ATB_LLM_LCOC_ENABLE": "0",
-                          "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert got["env"] == {
+        "PYTHONHASHSEED": "42",
+        "HCCL_DETERMINISTIC": "true",
+        "LCCL_DETERMINISTIC": "1",
+        "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
+        "ATB_LLM_LCOC_ENABLE": "0",
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    }

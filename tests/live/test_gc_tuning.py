@@ -1,4 +1,4 @@
-"""Garbage-collector tuning for the live front ends (``engine/gc_tuning.py``).
+"""Garbage-collector tuning for the live front ends (``engine/live/gc_tuning.py``).
 
 Freezing is process-wide, so every check runs in a fresh interpreter (never in pytest's own).
 Pause lengths are measured by ``tests/bench/bench_gc.py``; here: what is frozen and what is
@@ -25,7 +25,7 @@ def _run(script: str, *args: str) -> dict:
 
 SETTLE = """
 import gc, json, weakref
-from layerwatch.engine.gc_tuning import HeapFreezer, settle
+from layerwatch.engine.live.gc_tuning import HeapFreezer, settle
 
 class Node:
     pass
@@ -69,7 +69,7 @@ def test_settle_and_tick_collect_garbage_then_freeze_the_rest() -> None:
 
 PIPELINE = """
 import gc, json, sys
-from layerwatch.engine.live import LivePipeline, attach_spec
+from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
 
 def run(freeze):
     gc.unfreeze()

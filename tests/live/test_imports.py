@@ -20,7 +20,7 @@ def _loaded(statement: str) -> set[str]:
 @pytest.mark.parametrize(
     "statement",
     [
-        "import layerwatch.engine.live, layerwatch.engine.live_side",
+        "import layerwatch.engine.live.pipeline, layerwatch.engine.live.side",
         "import layerwatch.capture.launch, layerwatch.capture.dumpcmd, layerwatch.capture.watch",
     ],
 )

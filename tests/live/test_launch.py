@@ -167,8 +167,8 @@ def test_file_size_limit_hit_mid_dump(tmp_path: Path) -> None:
     assert records
     assert all(len(payload(out, r)) == r["end"] - r["begin"] for r in records)
     assert max(r["token"] for r in records) < 11  # capture stopped before the end
-    from layerwatch.engine.load import load_array
     from layerwatch.engine.readers import open_dump
+    from layerwatch.engine.readers.load import load_array
 
     update = open_dump(out).poll(None)  # what landed stays readable by the engine
     assert len(update.tensors) == len(records)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from layerwatch.capture.launch import CaptureOptions, LaunchSpec
-from layerwatch.engine.live import LivePipeline, SideSpec, attach_spec
+from layerwatch.engine.live.pipeline import LivePipeline, SideSpec, attach_spec
 from live.conftest import FAKE_MSIT
 from live.helpers import TINY, env_with, index_records, is_running, layerwatch
 

@@ -57,9 +57,13 @@ def _race(tmp_path: Path, *, poll: bool, count: int) -> None:
                 if arrival.path.read_bytes() != race_writer.expected(arrival.path):
                     partial.append(arrival.path.name)
         if all_in is None:  # say what is missing before failing
-            complete = {p for p in root.rglob("f*.bin") if p.read_bytes() == race_writer.expected(p)}
+            complete = {
+                p for p in root.rglob("f*.bin") if p.read_bytes() == race_writer.expected(p)
+            }
             missing = sorted(str(p.relative_to(root)) for p in complete - set(seen))
-            raise AssertionError(f"{len(missing)} never arrived: {missing[:5]}; pending {list(watcher.pending().items())[:3]}")
+            raise AssertionError(
+                f"{len(missing)} never arrived: {missing[:5]}; pending {list(watcher.pending().items())[:3]}"
+            )
         assert all_in < 60, all_in  # live, not left to the final scan
         assert writer.wait(timeout=5) == 0
         assert writer.stdout is not None and "DONE" in writer.stdout.read()

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from layerwatch.engine.live import LivePipeline, attach_spec
-from layerwatch.engine.session import CompareSession
+from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
+from layerwatch.engine.session.core import CompareSession
 from live.helpers import layerwatch
 from support.broken_dumps import truncated_weight_dumps
 

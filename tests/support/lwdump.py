@@ -41,8 +41,12 @@ def tensors(run_dir: Path) -> dict[tuple[int, str, str], dict[str, Any]]:
 
 def load(run_dir: Path, line: dict[str, Any]) -> torch.Tensor:
     """The tensor an index line points at, read from its absolute byte offsets."""
-    raw = np.fromfile(Path(run_dir) / line["file"], dtype=np.uint8,
-                      count=line["end"] - line["begin"], offset=line["begin"])
+    raw = np.fromfile(
+        Path(run_dir) / line["file"],
+        dtype=np.uint8,
+        count=line["end"] - line["begin"],
+        offset=line["begin"],
+    )
     assert raw.size == line["end"] - line["begin"], "payload truncated"
     dtype = getattr(torch, line["dtype"])
     if raw.size == 0:

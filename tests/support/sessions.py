@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.engine.readers import ReaderUpdate, open_dump
-from layerwatch.engine.session import CompareSession
+from layerwatch.engine.session.core import CompareSession
 
 
 def finished_session(golden: ReaderUpdate, target: ReaderUpdate, **kwargs: Any) -> CompareSession:

@@ -37,10 +37,10 @@ def test_the_app_does_no_numerics_and_needs_no_torch() -> None:
     for module in (
         "torch",
         "pandas",
-        "layerwatch.engine.metrics",
-        "layerwatch.engine.compare",
-        "layerwatch.engine.load",
-        "layerwatch.engine.thresholds",
+        "layerwatch.engine.numerics.metrics",
+        "layerwatch.engine.numerics.compare",
+        "layerwatch.engine.readers.load",
+        "layerwatch.engine.numerics.thresholds",
     ):
         assert module not in loaded, module
 

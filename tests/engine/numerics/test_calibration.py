@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import Verdict
-from layerwatch.engine.thresholds import Thresholds
 
 _SPEC = importlib.util.spec_from_file_location(
     "calibrate_thresholds", Path(__file__).parents[2] / "bench" / "calibrate_thresholds.py"

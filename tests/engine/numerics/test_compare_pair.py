@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from layerwatch.engine.compare import compare_pair, tensor_stats
-from layerwatch.engine.metrics import compare_arrays
+from layerwatch.engine.numerics.compare import compare_pair, tensor_stats
+from layerwatch.engine.numerics.metrics import compare_arrays
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import (
     COSINE,
     KL,
@@ -27,7 +28,6 @@ from layerwatch.engine.records import (
     TensorRecord,
     Verdict,
 )
-from layerwatch.engine.thresholds import Thresholds
 
 TH = Thresholds.load()
 RNG = np.random.default_rng(11)
@@ -190,9 +190,9 @@ def test_compare_pair_runs_in_a_process_pool(tmp_path: Path) -> None:
 CAPPED = textwrap.dedent("""
     import resource, sys
     import numpy as np
-    from layerwatch.engine.compare import compare_pair
+    from layerwatch.engine.numerics.compare import compare_pair
     from layerwatch.engine.records import Locator, TensorKey, TensorRecord
-    from layerwatch.engine.thresholds import Thresholds
+    from layerwatch.engine.numerics.thresholds import Thresholds
 
     g_path, t_path, n, cap_mb = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     th = Thresholds.load()

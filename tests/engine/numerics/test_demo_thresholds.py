@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import Verdict
-from layerwatch.engine.session import CompareSession
-from layerwatch.engine.thresholds import Thresholds
+from layerwatch.engine.session.core import CompareSession
 from support.sessions import compare_dumps
 
 demo = pytest.importorskip("layerwatch.capture.demo")

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from layerwatch.engine.compare import compare_pair
-from layerwatch.engine.explain import explain
+from layerwatch.engine.numerics.compare import compare_pair
+from layerwatch.engine.numerics.explain import explain
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import (
     COSINE,
     MAX_REL,
@@ -17,7 +18,6 @@ from layerwatch.engine.records import (
     TensorRecord,
     Verdict,
 )
-from layerwatch.engine.thresholds import Thresholds
 
 TH = Thresholds.load()
 RNG = np.random.default_rng(5)

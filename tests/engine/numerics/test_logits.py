@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from layerwatch.engine.logits import LogitsAccumulator, logits_metrics, row_blocks
-from layerwatch.engine.metrics import compare_arrays
+from layerwatch.engine.numerics.logits import LogitsAccumulator, logits_metrics, row_blocks
+from layerwatch.engine.numerics.metrics import compare_arrays
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import COSINE, KL, MARGIN, TOP1, TOPK, Verdict
-from layerwatch.engine.thresholds import Thresholds
 
 ARRAY_TYPES = pytest.mark.parametrize(
     "array_type", [np.asarray, torch.as_tensor], ids=["numpy", "torch"]

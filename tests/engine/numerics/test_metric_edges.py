@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.metrics import compare_arrays
+from layerwatch.engine.numerics.metrics import compare_arrays
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import (
     COSINE,
     EXACT,
@@ -27,7 +28,6 @@ from layerwatch.engine.records import (
     RED,
     Verdict,
 )
-from layerwatch.engine.thresholds import Thresholds
 
 ARRAY_TYPES = pytest.mark.parametrize(
     "array_type", [np.asarray, torch.as_tensor], ids=["numpy", "torch"]
@@ -274,7 +274,7 @@ def test_compare_path_imports_neither_torch_nor_pandas() -> None:
     import sys
 
     code = (
-        "import sys, layerwatch.engine.compare, layerwatch.engine.explain, layerwatch.engine.metrics;"
+        "import sys, layerwatch.engine.numerics.compare, layerwatch.engine.numerics.explain, layerwatch.engine.numerics.metrics;"
         "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

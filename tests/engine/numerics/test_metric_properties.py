@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from layerwatch.engine import records as m
-from layerwatch.engine.metrics import MetricAccumulator, paired_chunks
+from layerwatch.engine.numerics.metrics import MetricAccumulator, paired_chunks
 
 FLOOR = 1e-6
 

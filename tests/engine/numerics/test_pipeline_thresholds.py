@@ -11,7 +11,7 @@ import pytest
 import torch
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.engine.records import Verdict
-from layerwatch.engine.session import CompareSession
+from layerwatch.engine.session.core import CompareSession
 from support.sessions import compare_dumps
 
 transformers = pytest.importorskip("transformers")

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from layerwatch.engine.compare import compare_pair, compare_pairs
-from layerwatch.engine.metrics import MetricAccumulator
+from layerwatch.engine.numerics.compare import compare_pair, compare_pairs
+from layerwatch.engine.numerics.metrics import MetricAccumulator
+from layerwatch.engine.numerics.segments import SMALL, small_metrics
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import COSINE, NORM_REL, Locator, TensorKey, TensorRecord, Verdict
-from layerwatch.engine.segments import SMALL, small_metrics
-from layerwatch.engine.thresholds import Thresholds
 
 FLOOR = 2.0**-10
 TH = Thresholds.default()

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from layerwatch.engine.compare import compare_pair, compare_pairs
-from layerwatch.engine.metrics import MetricAccumulator, paired_chunks
+from layerwatch.engine.numerics.compare import compare_pair, compare_pairs
+from layerwatch.engine.numerics.metrics import MetricAccumulator, paired_chunks
+from layerwatch.engine.numerics.segments import small_accumulators
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord
-from layerwatch.engine.segments import small_accumulators
-from layerwatch.engine.thresholds import Thresholds
 
 FLOOR = 1e-6
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "msit"

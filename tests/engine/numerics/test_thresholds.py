@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.numerics.thresholds import Thresholds, dtype_class, fmt_value, looser
 from layerwatch.engine.records import COSINE, KL, MAX_REL, RED, STAT_METRICS, Verdict
-from layerwatch.engine.thresholds import Thresholds, dtype_class, fmt_value, looser
 
 GOOD = {COSINE: 1.0, RED: 0.0, "nonfinite_mismatch": 0.0, MAX_REL: 1e9}
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from layerwatch.engine.load import itemsize, load_array
 from layerwatch.engine.readers import open_dump
 from layerwatch.engine.readers.atb import structural_order
 from layerwatch.engine.readers.atb_bin import ACL_DTYPES, is_complete_bin, read_header
+from layerwatch.engine.readers.load import itemsize, load_array
 from support import atb
 
 from .conftest import FIXTURES

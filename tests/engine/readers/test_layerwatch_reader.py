@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from layerwatch.capture import format as lwf
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.load import load_array
 from layerwatch.engine.readers import open_dump
+from layerwatch.engine.readers.load import load_array
 
 from .conftest import HandDump
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.load import canonical_dtype, iter_chunks, load_array, load_flat
+from layerwatch.engine.readers.load import canonical_dtype, iter_chunks, load_array, load_flat
 from layerwatch.engine.records import Locator
 
 NUMPY_DTYPES = {

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from layerwatch.engine.load import load_array
 from layerwatch.engine.readers import open_dump
+from layerwatch.engine.readers.load import load_array
 
 from .conftest import FIXTURES
 

@@ -60,7 +60,7 @@ def test_reading_and_loading_never_imports_torch() -> None:
     code = f"""
 import sys
 from layerwatch.engine.readers import open_dump
-from layerwatch.engine.load import load_array
+from layerwatch.engine.readers.load import load_array
 for rel in ("msit/golden/msit_dump_fixture", "msprobe/tensor_golden", "atb/msit_dump_fixture"):
     for record in open_dump({str(FIXTURES)!r} + "/" + rel).poll().tensors:
         load_array(record.loc)

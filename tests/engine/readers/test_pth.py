@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.load import load_array
+from layerwatch.engine.readers.load import load_array
 from layerwatch.engine.readers.pth import PthIncomplete, PthRefused, is_complete_zip, pth_locator
 
 CASES = {

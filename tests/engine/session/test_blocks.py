@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from layerwatch.engine.blocks import find_layers, layout_for, topology_from_names
 from layerwatch.engine.records import Topology
+from layerwatch.engine.session.blocks import find_layers, layout_for, topology_from_names
 
 
 def torch_topology(model: object, *args: object) -> Topology:

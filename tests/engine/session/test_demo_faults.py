@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from layerwatch.engine.readers import open_dump
 from layerwatch.engine.records import Verdict
-from layerwatch.engine.session import CompareSession
+from layerwatch.engine.session.core import CompareSession
 
 NEW_TOKENS = 7
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from layerwatch.engine.blocks import layout_for
 from layerwatch.engine.readers import open_dump
 from layerwatch.engine.records import Verdict
-from layerwatch.engine.session import CompareSession
+from layerwatch.engine.session.blocks import layout_for
+from layerwatch.engine.session.core import CompareSession
 
 NEW_TOKENS = 3
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.forked import Forked, can_fork
-from layerwatch.engine.jobs import JobRunner, Work
 from layerwatch.engine.records import COSINE, TensorRecord
+from layerwatch.engine.session.forked import Forked, can_fork
+from layerwatch.engine.session.jobs import JobRunner, Work
 from support.toy_model import ToyRun
 
 
@@ -40,8 +40,8 @@ def _key_metrics(results: list) -> list[tuple[object, ...]]:
 
 
 def test_results_do_not_depend_on_jobs(toy_runs: dict[str, ToyRun]) -> None:
-    from layerwatch.engine.compare import compare_pair
-    from layerwatch.engine.thresholds import Thresholds
+    from layerwatch.engine.numerics.compare import compare_pair
+    from layerwatch.engine.numerics.thresholds import Thresholds
 
     work = _works(toy_runs["golden"], toy_runs["faulty"])
     th = Thresholds.default()
@@ -65,7 +65,7 @@ def test_results_do_not_depend_on_jobs(toy_runs: dict[str, ToyRun]) -> None:
 
 def compare_noting_pid(golden, target, thresholds, *, is_logits=False, side_stats=False):
     """compare_pair, one pair at a time, noting which process compared the pair."""
-    from layerwatch.engine.compare import compare_pair
+    from layerwatch.engine.numerics.compare import compare_pair
 
     result = compare_pair(golden, target, thresholds, is_logits=is_logits, side_stats=side_stats)
     result.node_type = str(os.getpid())
@@ -74,7 +74,7 @@ def compare_noting_pid(golden, target, thresholds, *, is_logits=False, side_stat
 
 SWAPPED_STDERR = """
 import io, json, pathlib, sys, threading
-from layerwatch.engine.session import CompareSession
+from layerwatch.engine.session.core import CompareSession
 from support.toy_model import ToyModel
 
 class Swapped(io.StringIO):  # what Textual puts in sys.stderr while the app runs
@@ -145,8 +145,8 @@ def test_with_other_threads_the_pool_compares_the_shares(toy_runs: dict[str, Toy
     """Fork is unsafe once other threads run (the live pipeline, the TUI): a process pool then."""
     import threading
 
-    from layerwatch.engine.compare import compare_pair
-    from layerwatch.engine.thresholds import Thresholds
+    from layerwatch.engine.numerics.compare import compare_pair
+    from layerwatch.engine.numerics.thresholds import Thresholds
 
     work = _works(toy_runs["golden"], toy_runs["faulty"])
     th = Thresholds.default()
@@ -170,9 +170,9 @@ def test_with_other_threads_the_pool_compares_the_shares(toy_runs: dict[str, Toy
 BLAS_PROBE = """
 import json, os, sys
 import numpy
-from layerwatch.engine.blas import blas_threads
+from layerwatch.engine.numerics.blas import blas_threads
 before = blas_threads()
-import layerwatch.engine.compare
+import layerwatch.engine.numerics.compare
 print(json.dumps({"before": before, "after": blas_threads(),
                   "env": os.environ.get("OPENBLAS_NUM_THREADS")}))
 """
@@ -195,7 +195,7 @@ def test_the_engine_runs_numpys_openblas_single_threaded() -> None:
 
 def test_compare_command_defaults_blas_threads_to_one_before_numpy() -> None:
     code = (
-        "import os; from layerwatch.engine.blas import env_before_numpy; env_before_numpy(); "
+        "import os; from layerwatch.engine.numerics.blas import env_before_numpy; env_before_numpy(); "
         "print(os.environ['OPENBLAS_NUM_THREADS'], os.environ['OMP_NUM_THREADS'])"
     )
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}

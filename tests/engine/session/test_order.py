@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from layerwatch.engine.cells import same_cell
 from layerwatch.engine.readers.base import ReaderUpdate
 from layerwatch.engine.seam import CellUpdate, QueueSink
-from layerwatch.engine.session import CompareSession
+from layerwatch.engine.session.cells import same_cell
+from layerwatch.engine.session.core import CompareSession
 from support.sessions import finished_session
 from support.toy_model import META_TYPES, Fault, ToyModel, ToyRun, meta_names, renamed
 

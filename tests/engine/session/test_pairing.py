@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.pairing import MsitOpMapping, NameRules, load_mapping
 from layerwatch.engine.records import TensorKey, Verdict
-from layerwatch.engine.session import CompareSession
-from layerwatch.engine.weightmap import match_by_weights
+from layerwatch.engine.session.core import CompareSession
+from layerwatch.engine.session.pairing import MsitOpMapping, NameRules, load_mapping
+from layerwatch.engine.session.weightmap import match_by_weights
 from support.sessions import finished_session
 from support.toy_model import META_TYPES, ToyModel, ToyRun, meta_names, renamed, write_tensor
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from layerwatch.engine.records import COSINE, TensorRecord, Verdict
 from layerwatch.engine.seam import CellState, QueueSink
-from layerwatch.engine.session import CompareSession
+from layerwatch.engine.session.core import CompareSession
 from support.sessions import finished_session
 from support.toy_model import Fault, ToyModel, ToyRun
 
@@ -312,7 +312,7 @@ def test_topology_arriving_late_reassigns_blocks(toy_runs: dict[str, ToyRun]) ->
 def test_process_pool_gives_the_same_results(
     toy_runs: dict[str, ToyRun], big_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from layerwatch.engine.jobs import JobRunner
+    from layerwatch.engine.session.jobs import JobRunner
 
     monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # the toy is too small to pay
     inline = compare(toy_runs["golden"], toy_runs["faulty"])
@@ -466,7 +466,7 @@ def test_shared_payloads_compare_once_but_judge_per_node(tmp_path: Path) -> None
     """Two nodes reading the very same bytes (the layerwatch writer stores a tensor once when the
     next module's input is the previous one's output) share metrics; a per-node override still
     judges each on its own."""
-    from layerwatch.engine.compare import compare_pair
+    from layerwatch.engine.numerics.compare import compare_pair
     from layerwatch.engine.readers.base import ReaderUpdate
     from layerwatch.engine.records import TensorKey
     from support.toy_model import write_tensor

@@ -10,13 +10,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from .compare import tensor_stats
-from .load import iter_chunks
-from .metrics import paired_chunks
-from .records import COSINE, MAX_ABS, PairResult, TensorRecord, Verdict
-from .seam import PairDetail, SideSummary, WorstElement
-from .thresholds import Thresholds, fmt_value
+from layerwatch.engine.numerics.compare import tensor_stats
+from layerwatch.engine.numerics.metrics import paired_chunks
+from layerwatch.engine.numerics.thresholds import Thresholds, fmt_value
+from layerwatch.engine.readers.load import iter_chunks
+from layerwatch.engine.records import COSINE, MAX_ABS, PairResult, TensorRecord, Verdict
+from layerwatch.engine.seam import PairDetail, SideSummary, WorstElement
 
 WORST = 10
 """How many of the largest absolute errors the view lists."""

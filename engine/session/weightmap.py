@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import permutations
 
-from .records import Locator, ParamPrint, Topology
+from layerwatch.engine.records import Locator, ParamPrint, Topology
 
 _UNIT_ROUNDOFF = {
     "bfloat16": 2.0**-8,
@@ -124,7 +124,7 @@ class _Side:
             prints = dict(node.params)
             for local, loc in self.locs.get(name, {}).items():
                 if local not in prints:
-                    from .load import load_array
+                    from layerwatch.engine.readers.load import load_array
 
                     prints[local] = print_of(load_array(loc), loc.dtype)
             if prints:
@@ -186,8 +186,7 @@ def _exact(
 ) -> bool:
     """Full weights on both sides: equal after casting both to the lower dtype."""
     import numpy as np
-
-    from .load import load_array
+    from layerwatch.engine.readers.load import load_array
 
     for a, b in zip(gl, tl, strict=True):
         ga, ta = g.locs.get(gname, {}).get(a), t.locs.get(tname, {}).get(b)

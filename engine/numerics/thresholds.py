@@ -23,8 +23,15 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib  # type: ignore[no-redef]
 
 from layerwatch.capture.errors import LayerwatchError
-
-from .records import (
+from layerwatch.engine.numerics.threshold_schema import (
+    CLASS_LABEL,
+    CLASSES,
+    OVERRIDE_KEYS,
+    dtype_class,
+    looser,
+    validate,
+)
+from layerwatch.engine.records import (
     COSINE,
     HIGHER_IS_BETTER,
     INF_GOLDEN,
@@ -37,15 +44,7 @@ from .records import (
     TOP1,
     Verdict,
 )
-from .seam import MetricCheck
-from .threshold_schema import (
-    CLASS_LABEL,
-    CLASSES,
-    OVERRIDE_KEYS,
-    dtype_class,
-    looser,
-    validate,
-)
+from layerwatch.engine.seam import MetricCheck
 
 __all__ = ["CLASSES", "Override", "Thresholds", "dtype_class", "fmt_value", "looser"]
 
@@ -258,13 +257,17 @@ def fmt_value(name: str, value: float) -> str:
 # -- TOML ------------------------------------------------------------------------------------
 @functools.cache
 def _default_raw() -> dict[str, Any]:
-    packaged = Path(__file__).with_name("thresholds.toml")
+    packaged = Path(__file__).parent.parent / "thresholds.toml"
     if packaged.is_file():  # installed as files: no importlib.resources (~8 ms of start-up)
         text = packaged.read_text(encoding="utf-8")
     else:  # a zipped install
         from importlib import resources
 
-        text = resources.files(__package__).joinpath("thresholds.toml").read_text(encoding="utf-8")
+        text = (
+            resources.files("layerwatch.engine")
+            .joinpath("thresholds.toml")
+            .read_text(encoding="utf-8")
+        )
     raw = tomllib.loads(text)
     validate(raw, "thresholds.toml")
     return raw

@@ -8,9 +8,8 @@ import math
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
-
-from .load import iter_chunks
-from .records import (
+from layerwatch.engine.readers.load import iter_chunks
+from layerwatch.engine.records import (
     INF_GOLDEN,
     INF_TARGET,
     NAN_GOLDEN,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-
-from . import records as r
+from layerwatch.engine import records as r
 
 CLASSES = ("int", "fp32", "fp16", "bf16")
 """Dtype classes from strictest to loosest; a pair is judged by the looser of its two sides."""

@@ -23,9 +23,8 @@ from pathlib import Path
 from layerwatch.capture.arrivals import Arrival, ArrivalKind
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.capture.launch import Child, LaunchSpec
-
-from .readers import DumpReader, ReaderUpdate, detect, msit_runs, open_dump
-from .seam import RunStatus
+from layerwatch.engine.readers import DumpReader, ReaderUpdate, detect, msit_runs, open_dump
+from layerwatch.engine.seam import RunStatus
 
 QUIET_S = 0.25
 """After a launched command exits: wait this long for the watcher to go quiet (or 2 s)."""

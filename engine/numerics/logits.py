@@ -22,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import numpy as np
-
-from .records import KL, MARGIN, TOP1, TOPK
+from layerwatch.engine.records import KL, MARGIN, TOP1, TOPK
 
 ROW_BLOCK_ELEMS = 1 << 18
 """Float64 elements per row block (≈ 2 MiB per temporary)."""

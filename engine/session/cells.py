@@ -10,8 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .records import GRID_METRICS, HIGHER_IS_BETTER, NAN_MISMATCH, PairResult, Verdict
-from .seam import CellState, CellUpdate
+from layerwatch.engine.records import (
+    GRID_METRICS,
+    HIGHER_IS_BETTER,
+    NAN_MISMATCH,
+    PairResult,
+    Verdict,
+)
+from layerwatch.engine.seam import CellState, CellUpdate
 
 _STATE = {
     Verdict.PASS: CellState.PASS,

@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .records import Node, Topology
-from .seam import BlockInfo
+from layerwatch.engine.records import Node, Topology
+from layerwatch.engine.seam import BlockInfo
 
 _LAYER_NAME = re.compile(r"^(.*?\.(?:layers|layer|h|blocks|block|decoder_layers))\.(\d+)(?:\.|$)")
 """Name pattern used before any topology is known (``root.model.layers.3.mlp`` → layer 3)."""

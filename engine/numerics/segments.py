@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from .metrics import MetricAccumulator
+from layerwatch.engine.numerics.metrics import MetricAccumulator
 
 SMALL = 1 << 15
 """Pairs with at most this many elements are measured here (break-even with the streaming

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
-
-from .records import (
+from layerwatch.engine.numerics.sidestats import SideStats
+from layerwatch.engine.records import (
     COSINE,
     EXACT,
     FIVE_THOUSANDTHS,
@@ -58,7 +58,6 @@ from .records import (
     RED,
     Stats,
 )
-from .sidestats import SideStats
 
 BLOCK = 1 << 17
 """Elements per compute block. Measured (AMD EPYC, 512 KiB L2, 32 MiB L3): 2^15 costs 4.4 ns
@@ -374,9 +373,9 @@ def compare_arrays(
     A shape mismatch raises :class:`LayerwatchError` (``compare_pair`` turns it into an
     ERROR verdict).
     """
-    from .logits import logits_metrics
-    from .segments import SMALL, small_metrics
-    from .thresholds import Thresholds, dtype_class
+    from layerwatch.engine.numerics.logits import logits_metrics
+    from layerwatch.engine.numerics.segments import SMALL, small_metrics
+    from layerwatch.engine.numerics.thresholds import Thresholds, dtype_class
 
     g, g_dtype = to_numpy(golden)
     t, t_dtype = to_numpy(target)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .records import TensorRecord
+from layerwatch.engine.records import TensorRecord
 
 
 def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from layerwatch.capture.errors import LayerwatchError
-
-from .forked import Forked, can_fork
-from .records import PairResult, TensorRecord, Verdict
+from layerwatch.engine.records import PairResult, TensorRecord, Verdict
+from layerwatch.engine.session.forked import Forked, can_fork
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
@@ -82,7 +81,7 @@ def run_many(
 ) -> list[PairResult]:
     """Several pairs, results in order; small pairs a batch at a time when ``compare`` is the
     engine's ``compare_pair`` (same results). A failure of the batch falls back to one by one."""
-    from .compare import compare_pair, compare_pairs
+    from layerwatch.engine.numerics.compare import compare_pair, compare_pairs
 
     if compare is compare_pair and len(works) > 1:
         try:
@@ -299,7 +298,7 @@ class JobRunner:
 
 def _cost(work: Work) -> float:
     """Estimated seconds to compare one pair (for the decision and for balancing shares)."""
-    from .segments import SMALL
+    from layerwatch.engine.numerics.segments import SMALL
 
     golden = work.golden
     size = math.prod(golden.shape) if golden.loc is not None else 0

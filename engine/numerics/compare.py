@@ -14,20 +14,19 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
-
-from .blas import limit_blas_threads
-from .load import canonical_dtype, iter_chunks, load_flat
-from .logits import LogitsAccumulator, row_blocks
-from .metrics import MetricAccumulator, paired_chunks
-from .records import (
+from layerwatch.engine.numerics.blas import limit_blas_threads
+from layerwatch.engine.numerics.logits import LogitsAccumulator, row_blocks
+from layerwatch.engine.numerics.metrics import MetricAccumulator, paired_chunks
+from layerwatch.engine.numerics.segments import BATCH, SMALL, small_accumulators
+from layerwatch.engine.numerics.statistics import stats_metrics, stats_of, tensor_stats
+from layerwatch.engine.readers.load import canonical_dtype, iter_chunks, load_flat
+from layerwatch.engine.records import (
     Locator,
     PairResult,
     Stats,
     TensorRecord,
     Verdict,
 )
-from .segments import BATCH, SMALL, small_accumulators
-from .statistics import stats_metrics, stats_of, tensor_stats
 
 __all__ = [
     "CHUNK",
@@ -38,7 +37,7 @@ __all__ = [
     "tensor_metrics",
     "tensor_stats",
 ]
-from .thresholds import Thresholds, dtype_class
+from layerwatch.engine.numerics.thresholds import Thresholds, dtype_class
 
 CHUNK = 1 << 17
 """Elements per read in the metric pass: the read buffers (refilled in place) and the float64

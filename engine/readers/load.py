@@ -14,8 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
-
-from .records import Locator
+from layerwatch.engine.records import Locator
 
 _STORAGE: dict[str, str] = {
     "float32": "<f4",

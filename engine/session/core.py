@@ -16,16 +16,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerwatch.capture.tokens import TokenSelection
-
-from . import findings
-from .align import align_positions
-from .cells import aggregate, same_cell
-from .findings import part_of
-from .jobs import CompareFn, JobRunner, Work, rejudge
-from .pairing import MappingSpec, Pairer, load_mapping
-from .records import PairResult, TensorKey, TensorRecord, Topology, Verdict
-from .seam import BlockInfo, CellUpdate, Finding, PairDetail, ResultBatch, Sink, Summary
-from .session_state import SIDES, SessionState
+from layerwatch.engine.records import PairResult, TensorKey, TensorRecord, Topology, Verdict
+from layerwatch.engine.seam import (
+    BlockInfo,
+    CellUpdate,
+    Finding,
+    PairDetail,
+    ResultBatch,
+    Sink,
+    Summary,
+)
+from layerwatch.engine.session import findings
+from layerwatch.engine.session.align import align_positions
+from layerwatch.engine.session.cells import aggregate, same_cell
+from layerwatch.engine.session.findings import part_of
+from layerwatch.engine.session.jobs import CompareFn, JobRunner, Work, rejudge
+from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
+from layerwatch.engine.session.state import SIDES, SessionState
 
 
 @dataclass(slots=True)
@@ -57,11 +64,11 @@ class CompareSession(SessionState):
     ) -> None:
         super().__init__()
         if thresholds is None or isinstance(thresholds, str | Path):
-            from .thresholds import Thresholds
+            from layerwatch.engine.numerics.thresholds import Thresholds
 
             thresholds = Thresholds.load(str(thresholds) if thresholds is not None else None)
         if compare is None:
-            from .compare import compare_pair
+            from layerwatch.engine.numerics.compare import compare_pair
 
             compare = compare_pair
         if isinstance(mapping, str | Path):
@@ -242,7 +249,7 @@ class CompareSession(SessionState):
             return sorted(found, key=findings.report_key)
 
     def explain(self, result: PairResult) -> PairDetail:
-        from .explain import explain
+        from layerwatch.engine.numerics.explain import explain
 
         inputs = self.inputs_of(result)  # takes the lock briefly; loading happens without it
         return explain(result, self.thresholds, inputs)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from .records import PairResult, TensorKey, Verdict
+from layerwatch.engine.records import PairResult, TensorKey, Verdict
 
 _UNKNOWN = 1 << 40
 _DIGITS = re.compile(r"(\d+)")

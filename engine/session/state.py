@@ -18,16 +18,22 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
 from layerwatch.capture.tokens import TokenSelection
-
-from .blocks import BlockLayout, layout_for, topology_from_names
-from .cells import is_failure
-from .findings import part_of, stem_sort
-from .records import Locator, PairResult, TensorKey, TensorRecord, Topology, Verdict
-from .seam import CellUpdate, Finding
+from layerwatch.engine.records import (
+    Locator,
+    PairResult,
+    TensorKey,
+    TensorRecord,
+    Topology,
+    Verdict,
+)
+from layerwatch.engine.seam import CellUpdate, Finding
+from layerwatch.engine.session.blocks import BlockLayout, layout_for, topology_from_names
+from layerwatch.engine.session.cells import is_failure
+from layerwatch.engine.session.findings import part_of, stem_sort
 
 if TYPE_CHECKING:
-    from .pairing import Pairer
-    from .session import _Pair
+    from layerwatch.engine.session.core import _Pair
+    from layerwatch.engine.session.pairing import Pairer
 
 SIDES = ("golden", "target")
 Member = tuple[str, TensorKey]
@@ -179,7 +185,7 @@ class SessionState:
 
     def _sync(self, gkey: TensorKey) -> None:
         """Make ``_pairs[gkey]`` agree with the records and the mapping."""
-        from .session import _Pair
+        from layerwatch.engine.session.core import _Pair
 
         cands = self._by_g.get(gkey)
         want = min(cands) if cands and gkey in self._records["golden"] else None

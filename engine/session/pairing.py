@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layerwatch.capture.errors import LayerwatchError
-
-from .blocks import find_layers
-from .records import Locator, TensorKey, Topology
+from layerwatch.engine.records import Locator, TensorKey, Topology
+from layerwatch.engine.session.blocks import find_layers
 
 if TYPE_CHECKING:
-    from .weightmap import WeightMatch
+    from layerwatch.engine.session.weightmap import WeightMatch
 
 MSIT_MAPPING_FILE = "op_mapping_file.json"
 _MSIT_KEY = re.compile(r"^[A-Za-z0-9_]*$")
@@ -284,7 +283,7 @@ class Pairer:
             self.node_map, self.stem_map = msit_pairs(self.spec, golden, target)
             self.mode = "msit-mapping"
         elif self._want_weights(golden, target, golden_nodes, target_nodes, weights):
-            from .weightmap import match_by_weights
+            from layerwatch.engine.session.weightmap import match_by_weights
 
             assert golden is not None and target is not None
             # Same topology objects and weight counts: the (costly) match cannot have changed.

@@ -23,11 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from layerwatch.capture.arrivals import Arrival
-
-from .gc_tuning import HeapFreezer, settle
-from .live_side import LiveSide, SideSpec
-from .seam import QueueSink, ResultBatch, RunStatus
-from .session import CompareSession
+from layerwatch.engine.live.gc_tuning import HeapFreezer, settle
+from layerwatch.engine.live.side import LiveSide, SideSpec
+from layerwatch.engine.seam import QueueSink, ResultBatch, RunStatus
+from layerwatch.engine.session.core import CompareSession
 
 SIDES = ("golden", "target")
 FLUSH_S = 0.08
@@ -115,7 +114,7 @@ class LivePipeline:
         self.session.close()
 
     def export(self, path: str) -> str:
-        from .report import export
+        from layerwatch.engine.report import export
 
         return export(path, self.session)
 

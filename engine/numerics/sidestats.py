@@ -7,8 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from .records import Stats
+from layerwatch.engine.records import Stats
 
 
 class SideStats:
