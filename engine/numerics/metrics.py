@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.numerics.sidestats import SideStats
+from layerwatch.engine.numerics.statistics import SideStats
 from layerwatch.engine.records import (
     COSINE,
     EXACT,

@@ -1,6 +1,11 @@
 """Statistics of tensors (max, min, mean, L2 norm over the finite elements; NaN/Inf counted) and
 the comparison of two sets of statistics: what statistics-only dumps (msit ``-st``, msprobe
-statistics tasks, ATB statistics files) can be compared by."""
+statistics tasks, ATB statistics files) can be compared by.
+
+One accumulator, :class:`SideStats`, gathers them both for a streamed read of one tensor
+(:func:`tensor_stats`) and inside the metric pass (``metrics.MetricAccumulator`` with
+``side_stats``), which fills msit's CSV columns ``golden_max_value`` … ``my_mean_value`` for
+dumps that record no statistics (msit ``.pth``) without a second read of the tensor."""
 
 from __future__ import annotations
 
@@ -21,9 +26,45 @@ from layerwatch.engine.records import (
 )
 
 
+class SideStats:
+    """Running max/min/Σx/Σx²/count of the finite elements of one side (float64)."""
+
+    __slots__ = ("count", "high", "low", "sq", "total")
+
+    def __init__(self) -> None:
+        self.high = -math.inf
+        self.low = math.inf
+        self.total = 0.0
+        self.sq = 0.0
+        self.count = 0
+
+    def add(self, values: np.ndarray, sq: float) -> None:
+        """Finite float64 ``values`` whose squares sum to ``sq`` (the caller has it already)."""
+        if values.size:
+            self.high = max(self.high, float(values.max()))
+            self.low = min(self.low, float(values.min()))
+            self.total += float(values.sum())
+            self.sq += sq
+            self.count += values.size
+
+    def add_sums(self, high: float, low: float, total: float, sq: float, count: int) -> None:
+        if count:
+            self.high = max(self.high, high)
+            self.low = min(self.low, low)
+            self.total += total
+            self.sq += sq
+            self.count += count
+
+    def stats(self, nan: int, inf: int) -> Stats:
+        """NaN for max/min/mean when nothing is finite (there is nothing to take them over)."""
+        if not self.count:
+            return Stats(math.nan, math.nan, math.nan, 0.0, nan, inf)
+        return Stats(self.high, self.low, self.total / self.count, math.sqrt(self.sq), nan, inf)
+
+
 def tensor_stats(loc: Locator, chunk_elems: int = 1 << 22) -> Stats:
     """max/min/mean/L2 norm over the finite elements (float64), NaN/Inf counted; streamed."""
-    hi, lo, total, sq, finite, nan, inf = -math.inf, math.inf, 0.0, 0.0, 0, 0, 0
+    side, nan, inf = SideStats(), 0, 0
     for chunk in iter_chunks(loc, chunk_elems):
         x = chunk.astype(np.float64)
         if chunk.dtype.kind in "fc":
@@ -34,13 +75,8 @@ def tensor_stats(loc: Locator, chunk_elems: int = 1 << 22) -> Stats:
                 inf += x.size - int(np.count_nonzero(fin)) - n_nan
                 x = x[fin]
         if x.size:
-            hi, lo = max(hi, float(x.max())), min(lo, float(x.min()))
-            total += float(x.sum())
-            sq += float(x @ x)
-            finite += x.size
-    if not finite:
-        return Stats(math.nan, math.nan, math.nan, 0.0, nan, inf)
-    return Stats(hi, lo, total / finite, math.sqrt(sq), nan, inf)
+            side.add(x, float(x @ x))
+    return side.stats(nan, inf)
 
 
 def stats_of(record: TensorRecord, side: str, chunk_elems: int) -> Stats:
