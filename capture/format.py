@@ -21,10 +21,12 @@ bytes are not on disk.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .atomic import TMP_PREFIX as TMP_PREFIX  # files being written; watchers and readers skip them
+from .atomic import replacing
 
 FORMAT_NAME = "layerwatch"
 FORMAT_VERSION = 1
@@ -33,8 +35,6 @@ MANIFEST = "manifest.json"
 INDEX = "index.jsonl"
 TOPOLOGY = "topology.json"
 DATA_DIR = "data"
-TMP_PREFIX = ".tmp-"
-"""Files that start with this prefix are being written; watchers and readers ignore them."""
 
 # Index record kinds (the "k" field of an index line).
 K_TENSOR = "t"
@@ -146,7 +146,5 @@ def decode_stat(value: Any) -> float:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON to ``path`` through a temp file and a rename, so readers never see half of it."""
-    tmp = path.with_name(TMP_PREFIX + path.name)
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump(_strict(obj), fh, indent=1, allow_nan=False)
-    os.replace(tmp, path)

@@ -16,7 +16,6 @@ hard-linked rather than saved again.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import os
@@ -27,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .atomic import replacing, write_text
 from .config import DumpConfig
 from .errors import LayerwatchError
-from .format import TMP_PREFIX, write_json_atomic
+from .format import write_json_atomic
 from .handoff import Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
 from .stats import as_torch, batch_stats
 from .topology import model_tree
@@ -141,24 +141,20 @@ class MsitWriter(WriterThread):
         if folder not in self._dirs:
             folder.mkdir(parents=True, exist_ok=True)
             self._dirs.add(folder)
-        tmp = folder / (TMP_PREFIX + path.name)
         source = it.alias if type(it) is TensorItem and it.alias is not None else None
-        try:
-            if source is not None and source.file:
+        if source is not None and not source.file:
+            return  # its original was not saved
+        if source is None and (it.tensor is None or type(it.tensor) is Placeholder):
+            return  # nothing to save (a sparse tensor)
+        with replacing(path) as tmp:
+            if source is not None:
                 try:
                     os.link(source.file, tmp)
                 except OSError:
                     tmp.write_bytes(Path(source.file).read_bytes())
-            elif source is not None or it.tensor is None or type(it.tensor) is Placeholder:
-                return  # nothing to save (a sparse tensor), or its original was not saved
             else:
                 data = it.tensor if type(it) is WeightItem else as_torch(it.tensor, it.dtype)
                 torch.save(data, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
         it.file = str(path)
         if source is None:
             self.tensors_written += 1
@@ -193,6 +189,4 @@ class MsitWriter(WriterThread):
         writer = csv.writer(buf)
         writer.writerow(STAT_COLUMNS)
         writer.writerows(self._stat_rows[folder])
-        tmp = folder / (TMP_PREFIX + "statistics.csv")
-        tmp.write_text(buf.getvalue(), encoding="utf-8")
-        os.replace(tmp, folder / "statistics.csv")
+        write_text(folder / "statistics.csv", buf.getvalue())

@@ -10,7 +10,6 @@ a failed write removes its temp file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import struct
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from . import format as fmt
+from .atomic import replacing
 
 SAFETENSORS_DTYPE = {
     torch.float32: "F32",
@@ -82,20 +82,12 @@ def write_batch_file(path: Path, entries: list[tuple[str, Any, list[int], Any]])
     header["__metadata__"] = {"format": "pt", "writer": "layerwatch"}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    tmp = path.with_name(fmt.TMP_PREFIX + path.name)
-    try:
+    with replacing(path) as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             _writev_all(fd, [struct.pack("<Q", len(raw)) + raw, *buffers], str(tmp))
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.filename is None:
-            exc.filename = str(path)
-        raise
     return 8 + len(raw)
 
 
@@ -108,14 +100,8 @@ def write_json_fast(path: Path, obj: Any) -> None:
         text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     except ValueError:  # NaN/Inf (a fingerprint of broken weights): written as strings
         text = fmt.encode_line(obj)
-    tmp = path.with_name(fmt.TMP_PREFIX + path.name)
-    try:
+    with replacing(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 _IOV_MAX = 512

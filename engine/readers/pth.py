@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from layerwatch.capture.atomic import replacing
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.readers.load import canonical_dtype, itemsize
 from layerwatch.engine.records import Locator
@@ -407,10 +408,8 @@ def _fallback(path: str) -> Locator:
         else:
             array = tensor.numpy()
         meta.write_text(dtype)
-        tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
-        with open(tmp, "wb") as fh:
+        with replacing(target, unique=True) as tmp, open(tmp, "wb") as fh:
             np.save(fh, array)
-        os.replace(tmp, target)
     dtype = meta.read_text().strip()
     with open(target, "rb") as fh:
         fmt = np.lib.format
