@@ -7,7 +7,7 @@ that does not apply, or a statistic the dump did not record, is an empty cell. U
 pairs that could not be compared (shape mismatch, unreadable) and unpaired tensors stay in the
 report, with the reason.
 
-JSON (``layerwatch compare --json``; keep these names stable)::
+JSON (``layerwatch compare --json``, ``-o report.json``; keep these names stable)::
 
     {"summary": {"pairs", "pass", "fail", "diverged", "unpaired", "error"},
      "first_failure": null | {"token", "node", "tensor", "verdict", "failed_metrics", "metrics"},
@@ -17,17 +17,17 @@ JSON (``layerwatch compare --json``; keep these names stable)::
 
 ``summary.pairs`` counts compared pairs (pass + fail + diverged + error); unpaired tensors are
 counted apart. Non-finite metric values (an infinite relative error) are written as ``null``
-so the output stays strict JSON.
+so the output stays strict JSON. JSON lines (``-o report.jsonl``): each row on its own line, then
+one line with the other four keys. Which file gets which format, and the exit codes, are
+engine/outcome.py's.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 from layerwatch.engine.records import COSINE, MSIT_METRICS, PairResult, Stats, TensorRecord
@@ -152,28 +152,14 @@ def dumps_json(report: dict[str, Any]) -> str:
     return json.dumps(report, allow_nan=False, separators=(",", ":"))
 
 
-def export(path: str | Path, session: Any) -> str:
-    """Write ``session``'s report to ``path``: ``.json`` → the JSON object, else CSV. Returns the path."""
-    target = Path(path)
-    results = session.results()
-    if target.suffix.lower() == ".json":
-        text = dumps_json(
-            json_report(
-                results,
-                session.summary,
-                session.first_failure,
-                session.root_cause,
-                session.first_bad_token,
-            )
-        )
-    else:
-        buffer = io.StringIO()
-        write_csv(results, buffer)
-        text = buffer.getvalue()
-    tmp = target.with_name(f".tmp-{target.name}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(target)
-    return str(target)
+def write_jsonl(report: dict[str, Any], out: TextIO) -> int:
+    """The ``--json`` object as lines: one per row, then one line with everything but the rows
+    (so a script can stream the rows and still find the verdict). Returns the number of rows."""
+    rows = report["rows"]
+    for row in rows:
+        out.write(dumps_json(row) + "\n")
+    out.write(dumps_json({k: v for k, v in report.items() if k != "rows"}) + "\n")
+    return len(rows)
 
 
 # --- words ---------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
 """``layerwatch compare GOLDEN TARGET``: two finished dumps in, a verdict and a report out.
 
-Exit codes: 0 every pair passes, 1 something fails (a FAIL or an ERROR pair), 2 bad usage or
-unreadable input (a one-line message via :class:`LayerwatchError`, printed by the CLI).
-Unpaired tensors are reported but do not fail the run. Start-up stays cheap: no torch and no
+Exit codes and report files are engine/outcome.py's (the same for every front end): 0 every
+pair passes, 1 a finding, 2 bad usage or unreadable input. Start-up stays cheap: no torch and no
 pandas on this path (readers parse ``.pth`` zips themselves).
 """
 
@@ -12,15 +11,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from layerwatch.capture.errors import LayerwatchError
-
-if TYPE_CHECKING:
-    pass
-
-EXIT_OK = 0
-EXIT_FAIL = 1
 
 
 class _Progress:
@@ -60,8 +52,8 @@ def compare_main(args: argparse.Namespace) -> int:
 
     env_before_numpy()  # one BLAS thread per compare process (engine/numerics/blas.py says why)
 
+    from layerwatch.engine.outcome import check_report_path, conclude
     from layerwatch.engine.readers import open_dump
-    from layerwatch.engine.report import dumps_json, json_report, summary_text, write_csv
     from layerwatch.engine.session.core import CompareSession
 
     tokens = parse_tokens(args.tokens) if getattr(args, "tokens", None) else None
@@ -70,6 +62,7 @@ def compare_main(args: argparse.Namespace) -> int:
         raise LayerwatchError(f"--jobs must be 0 (all cores) or more, not {jobs}")
     _check_path(args.golden, "golden")
     _check_path(args.target, "target")
+    check_report_path(getattr(args, "output", None))
     progress = _Progress()
     progress.say("layerwatch compare: reading dumps", force=True)
     readers = {
@@ -96,26 +89,12 @@ def compare_main(args: argparse.Namespace) -> int:
     finally:
         session.close()
         progress.clear()
-    results = session.results()
-    if not results:
-        raise LayerwatchError(
-            f"nothing to compare: no tensors in {args.golden} and {args.target}"
-            + (f" for tokens {args.tokens}" if tokens else "")
-        )
-    summary = session.summary
-    if getattr(args, "output", None):
-        out = Path(args.output)
-        try:
-            with open(out.with_name(f".tmp-{out.name}"), "w", encoding="utf-8", newline="") as fh:
-                write_csv(results, fh)
-            out.with_name(f".tmp-{out.name}").replace(out)
-        except OSError as exc:
-            raise LayerwatchError(f"cannot write {out}: {exc.strerror or exc}") from None
-    if getattr(args, "json", False):
-        report = json_report(
-            results, summary, session.first_failure, session.root_cause, session.first_bad_token
-        )
-        sys.stdout.write(dumps_json(report) + "\n")
-    elif not getattr(args, "output", None):
-        sys.stdout.write(summary_text(session) + "\n")
-    return EXIT_FAIL if summary.failed or summary.error else EXIT_OK
+    return conclude(
+        session,
+        sys.stdout,
+        output=getattr(args, "output", None),
+        as_json=bool(getattr(args, "json", False)),
+        empty=f"no tensors in {args.golden} and {args.target}"
+        + (f" for tokens {args.tokens}" if tokens else ""),
+        summary_with_report=False,
+    )

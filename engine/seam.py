@@ -265,7 +265,8 @@ class ComparisonSource(Protocol):
         ...
 
     def export(self, path: str) -> str:
-        """Write the report as ``layerwatch compare`` does (``.csv`` or ``.json`` by suffix)."""
+        """Write the report as ``layerwatch compare -o`` does (``.csv``, ``.json`` or ``.jsonl``
+        by suffix; any other suffix raises ``LayerwatchError``)."""
         ...
 
 

@@ -95,7 +95,10 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
 def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = True) -> None:
     """Headless report options of run/watch/open (as ``compare``), and the attach idle rule."""
     parser.add_argument(
-        "-o", "--output", metavar="FILE", help="with --headless: write the report (.csv, or .json)"
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="with --headless: write the report (.csv, .json or .jsonl)",
     )
     parser.add_argument(
         "--json",
@@ -206,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_dump_pair(compare)
     compare.add_argument(
-        "-o", "--output", metavar="CSV", help="write the report (msit columns + verdicts)"
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the report: .csv (msit columns + verdicts), .json or .jsonl",
     )
     compare.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")

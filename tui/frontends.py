@@ -3,9 +3,9 @@
 Headless (``--headless``, or when stdout is not a terminal): progress lines on stderr at most
 once a second, run-state changes and notes on stderr as they happen, the first failure on
 stdout the moment it is known (stderr with ``--json``, so stdout stays one JSON object), then
-the same summary, report options and exit codes as ``layerwatch compare``: 0 everything passed,
-1 a failure, 2 nothing to compare, bad input or the engine worker gave up (its one line),
-130 interrupted.
+the same summary, report files and exit codes as ``layerwatch compare`` (engine/outcome.py
+decides both for every front end): 0 everything passed, 1 a failure, 2 nothing to compare, bad
+input or the engine worker gave up (its one line), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def _session(args: argparse.Namespace, tokens: str | None = None) -> Any:
         tokens=parse_tokens(tokens) if tokens else None,
         jobs=getattr(args, "jobs", 0) or 0,
         auto_map=True if getattr(args, "auto_map", False) else None,
+        side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
     )
 
 
@@ -156,8 +157,11 @@ def headless(
     *,
     live: bool = True,
 ) -> int:
+    from layerwatch.engine.outcome import check_report_path
+
     out = out or sys.stdout
     err = err or sys.stderr
+    check_report_path(getattr(args, "output", None))  # before anything is launched
     as_json = bool(getattr(args, "json", False))
     # Finished dumps (open): stdout is exactly compare's; the early first-failure line goes to stderr.
     printer = Printer(pipeline, failures=err if as_json or not live else out, progress=err)
@@ -177,45 +181,26 @@ def headless(
 
 
 def report(pipeline: Any, args: argparse.Namespace, out: TextIO, interrupted: bool) -> int:
-    """compare's ending: CSV/JSON report, summary or JSON on stdout, compare's exit codes."""
-    from layerwatch.engine.report import dumps_json, export, json_report, summary_text
+    """compare's ending (engine/outcome.py), after the worker's own failure; 130 when interrupted."""
+    from layerwatch.engine.outcome import conclude
 
     session = pipeline.session
     error = getattr(pipeline, "error", None)
     if error and not interrupted:  # the worker gave up: results may be incomplete
         raise LayerwatchError(error)
-    results = session.results()
-    if not results:
-        if interrupted:
-            return EXIT_INTERRUPTED
-        raise LayerwatchError(
-            "nothing to compare: "
-            + ("; ".join(session.notes[-3:]) or "no tensors landed on either side")
-        )
-    if getattr(args, "output", None):
-        try:
-            export(args.output, session)
-        except OSError as exc:
-            raise LayerwatchError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    if getattr(args, "json", False):
-        report = json_report(
-            results,
-            session.summary,
-            session.first_failure,
-            session.root_cause,
-            session.first_bad_token,
-        )
-        out.write(dumps_json(report) + "\n")
-    else:
-        out.write(summary_text(session) + "\n")
-        for note in pipeline.notes:
-            out.write(f"note: {note}\n")
-    out.flush()
-    if interrupted:
+    if interrupted and not session.results():
         return EXIT_INTERRUPTED
-    summary = session.summary
-    # As compare, plus: a launched command that failed fails the run (CI must not pass it).
-    return 1 if summary.failed or summary.error or pipeline.failed_commands else 0
+    code = conclude(
+        session,
+        out,
+        output=getattr(args, "output", None),
+        as_json=bool(getattr(args, "json", False)),
+        empty="; ".join(session.notes[-3:]) or "no tensors landed on either side",
+        summary_with_report=True,
+        notes=pipeline.notes,
+        failed_commands=pipeline.failed_commands,
+    )
+    return EXIT_INTERRUPTED if interrupted else code
 
 
 class Printer:

@@ -114,9 +114,9 @@ class LivePipeline:
         self.session.close()
 
     def export(self, path: str) -> str:
-        from layerwatch.engine.report import export
+        from layerwatch.engine.outcome import write_report
 
-        return export(path, self.session)
+        return write_report(path, self.session)
 
     @property
     def failed_commands(self) -> list[str]:

@@ -22,7 +22,7 @@ class ExportScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="export-box"):
-            yield Label("Export the report (msit's columns plus verdicts): .csv or .json")
+            yield Label("Export the report (msit's columns plus verdicts): .csv, .json or .jsonl")
             yield Input(value=self.default, id="export-path")
             yield Label("⏎ write · esc cancel", classes="hint")
 

@@ -1,0 +1,123 @@
+"""How a comparison ends, for every front end: the report file, what stdout says, the exit code.
+
+``layerwatch compare`` (engine/runner.py), the headless ``open``/``run``/``watch``/``demo``
+(tui/frontends.py) and the TUI's export (``LivePipeline.export``) all end here, so the same
+dumps give the same report and the same exit code whichever way they were compared.
+
+Exit codes: 0 every pair passes, 1 a finding (a FAIL or an ERROR pair; for launched commands
+also a command that failed), 2 unusable input (bad usage, unreadable dumps, nothing to compare:
+a :class:`LayerwatchError` the CLI prints as one line). Unpaired tensors are reported but do not
+fail the run.
+
+Report files: the suffix names the format — ``.csv`` (msit's columns plus verdicts), ``.json``
+(the ``--json`` object), ``.jsonl`` (one row per line, then one summary line); anything else is
+refused with one line naming these, before any work is done (:func:`check_report_path`).
+Files are replaced atomically (``capture/atomic.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from layerwatch.capture.atomic import replacing
+from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.records import PairResult
+from layerwatch.engine.report import dumps_json, json_report, summary_text, write_csv, write_jsonl
+from layerwatch.engine.seam import Summary
+
+EXIT_OK = 0
+EXIT_FINDING = 1
+EXIT_UNUSABLE = 2
+
+REPORT_SUFFIXES = (".csv", ".json", ".jsonl")
+
+
+def report_format(path: str | os.PathLike[str]) -> str:
+    """``csv``, ``json`` or ``jsonl`` from ``path``'s suffix; any other suffix is a user error."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in REPORT_SUFFIXES:
+        raise LayerwatchError(
+            f"cannot write {path}: a report file ends in "
+            f"{', '.join(REPORT_SUFFIXES[:-1])} or {REPORT_SUFFIXES[-1]}"
+        )
+    return suffix[1:]
+
+
+def check_report_path(path: str | os.PathLike[str] | None) -> None:
+    """Refuse an unsupported ``-o`` before the comparison runs (it may take minutes)."""
+    if path:
+        report_format(path)
+
+
+def _report_object(session: Any, results: Sequence[PairResult]) -> dict[str, Any]:
+    return json_report(
+        results,
+        session.summary,
+        session.first_failure,
+        session.root_cause,
+        session.first_bad_token,
+    )
+
+
+def write_report(
+    path: str | os.PathLike[str], session: Any, results: Sequence[PairResult] | None = None
+) -> str:
+    """Write ``session``'s report to ``path`` in the format its suffix names; returns the path.
+
+    ``results``: ``session.results()`` when the caller has them already (they are sorted on
+    every call). A file system error becomes one line naming ``path`` (a LayerwatchError).
+    """
+    kind = report_format(path)
+    rows = session.results() if results is None else results
+    try:
+        with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
+            if kind == "csv":
+                write_csv(rows, fh)
+            elif kind == "json":
+                fh.write(dumps_json(_report_object(session, rows)))
+            else:
+                write_jsonl(_report_object(session, rows), fh)
+    except OSError as exc:
+        raise LayerwatchError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return str(path)
+
+
+def exit_code(summary: Summary, failed_commands: Sequence[str] = ()) -> int:
+    """0 clean, 1 a finding: a failed or unreadable pair, or a launched command that failed
+    (CI must not pass a run whose command crashed)."""
+    return EXIT_FINDING if summary.failed or summary.error or failed_commands else EXIT_OK
+
+
+def conclude(
+    session: Any,
+    out: TextIO,
+    *,
+    output: str | None,
+    as_json: bool,
+    empty: str,
+    summary_with_report: bool,
+    notes: Sequence[str] = (),
+    failed_commands: Sequence[str] = (),
+) -> int:
+    """End a finished comparison: the report file, stdout, the exit code.
+
+    ``empty`` says why there was nothing to compare (then exit 2, nothing written). stdout gets
+    the ``--json`` object, else the short summary and ``notes`` — unless ``summary_with_report``
+    is false and a report file was written (``compare -o`` prints nothing, as it always has).
+    """
+    results = session.results()
+    if not results:
+        raise LayerwatchError(f"nothing to compare: {empty}")
+    if output:
+        write_report(output, session, results)
+    if as_json:
+        out.write(dumps_json(_report_object(session, results)) + "\n")
+    elif summary_with_report or not output:
+        out.write(summary_text(session) + "\n")
+        for note in notes:
+            out.write(f"note: {note}\n")
+    out.flush()
+    return exit_code(session.summary, failed_commands)
