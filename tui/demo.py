@@ -16,8 +16,6 @@ from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
 
-EXIT_OK, EXIT_FAIL = 0, 1
-
 
 def list_faults() -> str:
     from layerwatch.capture.demo.faults import DEFAULT_FAULT, FAULTS
@@ -91,13 +89,15 @@ def demo_main(args: argparse.Namespace) -> int:
 def demo_exit(code: int, fault: str) -> int:
     """0 when the demo did what it shows: the planted fault found (or, with ``--fault none``,
     everything passing). Reported as compare would (1 = a failure) it would read as broken."""
-    if code not in (EXIT_OK, EXIT_FAIL):
+    from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK
+
+    if code not in (EXIT_OK, EXIT_FINDING):
         return code
-    expected = EXIT_OK if fault == "none" else EXIT_FAIL
+    expected = EXIT_OK if fault == "none" else EXIT_FINDING
     if code == expected:
         return EXIT_OK
     if fault == "none":
         print("layerwatch demo: the clean run reported a failure", file=sys.stderr)
     else:
         print(f"layerwatch demo: the planted fault {fault} was not found", file=sys.stderr)
-    return EXIT_FAIL
+    return EXIT_FINDING
