@@ -25,8 +25,9 @@ from typing import Any, TextIO
 from layerwatch.capture.atomic import replacing
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import PairResult
-from layerwatch.engine.report import dumps_json, json_report, summary_text, write_csv, write_jsonl
+from layerwatch.engine.report import dumps_json, json_report, write_csv, write_jsonl
 from layerwatch.engine.seam import Summary
+from layerwatch.engine.wording import summary_text
 
 EXIT_OK = 0
 EXIT_FINDING = 1

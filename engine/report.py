@@ -1,4 +1,4 @@
-"""Reports of a finished (or live) comparison: msit-compatible CSV, the ``--json`` object, words.
+"""Reports of a finished (or live) comparison: msit-compatible CSV, the ``--json`` object, JSON lines.
 
 CSV: msit's 24 columns in msit's order (``CSV_GOLDEN_HEADER``; dtypes written as msit writes
 them, ``torch.float32``; shapes as ``[1, 16, 256]``), then ours: ``verdict, failed_metrics,
@@ -30,8 +30,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from layerwatch.engine.records import COSINE, MSIT_METRICS, PairResult, Stats, TensorRecord
-from layerwatch.engine.seam import BlockInfo, Finding, Summary
+from layerwatch.engine.records import MSIT_METRICS, PairResult, Stats, TensorRecord
+from layerwatch.engine.seam import Finding, Summary
 
 MSIT_COLUMNS = (
     "token_id",
@@ -160,61 +160,3 @@ def write_jsonl(report: dict[str, Any], out: TextIO) -> int:
         out.write(dumps_json(row) + "\n")
     out.write(dumps_json({k: v for k, v in report.items() if k != "rows"}) + "\n")
     return len(rows)
-
-
-# --- words ---------------------------------------------------------------------------------
-def _where(finding: Finding, block: BlockInfo | None) -> list[str]:
-    if block is None:
-        return [finding.node]
-    parts = [f"layer {block.label.removeprefix('L')}"] if block.kind == "layer" else [block.label]
-    if finding.node.startswith(block.node + "."):
-        parts.append(finding.node[len(block.node) + 1 :])
-    elif finding.node != block.node:
-        parts.append(finding.node)
-    return parts
-
-
-def _value(finding: Finding) -> str:
-    names = list(finding.failed_metrics) or ([COSINE] if COSINE in finding.metrics else [])
-    for name in names:
-        value = finding.metrics.get(name)
-        if value is not None:
-            label = "cos" if name == COSINE else name
-            return f"{label} {value:.4g}" if math.isfinite(value) else f"{label} {value}"
-    return finding.verdict.value
-
-
-def finding_words(finding: Finding, blocks: Sequence[BlockInfo] = ()) -> str:
-    """``token 3 · layer 2 · self_attn.o_proj · cos 0.912`` (the stem when it is not ``output``)."""
-    block = blocks[finding.block] if 0 <= finding.block < len(blocks) else None
-    parts = [f"token {finding.token}", *_where(finding, block)]
-    if finding.stem != "output":
-        parts.append(finding.stem)
-    parts.append(_value(finding))
-    return " · ".join(parts)
-
-
-def summary_text(session: Any) -> str:
-    """The short human summary ``layerwatch compare`` prints without ``-o``/``--json``."""
-    s: Summary = session.summary
-    blocks = session.blocks()
-    lines = []
-    bad = session.first_bad_token
-    lines.append(f"first bad token: {bad if bad is not None else 'none'}")
-    first, cause = session.first_failure, session.root_cause
-    lines.append(f"first failure:   {finding_words(first, blocks) if first else 'none'}")
-    if cause is not None:
-        lines.append(
-            f"root cause:      {finding_words(cause, blocks)} ({cause.reason.split(':')[0]})"
-        )
-    else:
-        lines.append("root cause:      none")
-    lines.append(
-        f"pairs: {s.pairs} compared · {s.passed} pass · {s.failed} fail · {s.diverged} diverged · "
-        f"{s.error} error · {s.unpaired} unpaired"
-    )
-    for note in session.notes[:8]:
-        lines.append(f"note: {note}")
-    if len(session.notes) > 8:
-        lines.append(f"note: … {len(session.notes) - 8} more (see the report)")
-    return "\n".join(lines)

@@ -218,7 +218,7 @@ class Printer:
         self._said = ""
 
     def batches(self, batches: list[Any]) -> None:
-        from layerwatch.engine.report import finding_words
+        from layerwatch.engine.wording import finding_words, run_progress_words
 
         for batch in batches:
             for status in batch.runs.values():
@@ -229,7 +229,7 @@ class Printer:
                     status.message,
                 ):
                     print(
-                        f"layerwatch: {status.side}: {_run_words(status)}",
+                        f"layerwatch: {status.side}: {run_progress_words(status)}",
                         file=self.progress,
                         flush=True,
                     )
@@ -260,11 +260,3 @@ class Printer:
         if line != self._said:
             self._last, self._said = now, line
             print(line, file=self.progress, flush=True)
-
-
-def _run_words(status: Any) -> str:
-    if status.state == "running" and status.pid:
-        return f"running (pid {status.pid})"
-    if status.state in ("exited", "crashed") and status.message:
-        return status.message
-    return f"{status.state}{': ' + status.message if status.message else ''}"

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from layerwatch.engine import wording
 from layerwatch.engine.seam import BlockInfo
 from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from . import fmt, palette
+from . import palette
 from .state import RunState
 
 
@@ -74,7 +75,7 @@ class StatusBar(TextLines):
         pad = width - text.cell_len - counts.cell_len
         text.append(" " * max(pad, 0))
         text.append_text(counts)
-        runs = [fmt.run_words(run) for run in state.runs.values()]
+        runs = [wording.run_words(run) for run in state.runs.values()]
         if runs and sum(len(r) for r in runs) + 3 * (len(runs) - 1) <= width:
             text.append("\n" + "   ".join(runs))
         else:
@@ -83,14 +84,16 @@ class StatusBar(TextLines):
         text.append("\n")
         if state.first_failure is not None:
             text.append(" ✖ first failure ", style="bold reverse red")
-            text.append(" " + fmt.finding_words(state.first_failure, self._blocks), style="bold")
+            text.append(
+                " " + wording.finding_brief(state.first_failure, self._blocks), style="bold"
+            )
             root = state.root_cause
             if root is not None and (root.token, root.node, root.stem) != (
                 state.first_failure.token,
                 state.first_failure.node,
                 state.first_failure.stem,
             ):
-                text.append("   root cause: " + fmt.finding_words(root, self._blocks))
+                text.append("   root cause: " + wording.finding_brief(root, self._blocks))
         elif s.pairs and state.done:
             text.append(f" ✔ all {s.passed} compared pairs pass ", style="bold green")
         elif s.pairs:
@@ -127,7 +130,7 @@ class Legend(TextLines):
 
     def _line(self, *, long: bool) -> Text:
         entries = palette.legend_entries(self._metric)
-        name = fmt.short(self._metric)
+        name = wording.short(self._metric)
         form = "−log10(1−cos)" if name == "cos" else f"−log10({name})"
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(f"{name} {form}: " if long else f"{name} ", style="bold")

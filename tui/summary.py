@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from layerwatch.engine import wording
 from layerwatch.engine.records import COSINE, PairResult, Verdict
 from layerwatch.engine.seam import CellState
 from rich.text import Text
 
-from . import fmt
 from .grid_model import CellInfo
 from .status import TextLines
 
@@ -27,7 +27,7 @@ def pair_words(pair: PairResult, block_node: str, metric: str = COSINE) -> str:
         name += f" {pair.key.stem}"
     shown = next(iter(pair.failed), metric)
     if shown in pair.metrics:
-        return f"{name} · {fmt.short(shown)} {fmt.value(shown, pair.metrics[shown])}"
+        return f"{name} · {wording.short(shown)} {wording.value(shown, pair.metrics[shown])}"
     return f"{name} · {pair.reason or pair.verdict.value}"
 
 
@@ -63,11 +63,11 @@ class CellSummary(TextLines):
             text.append("no cell yet: results appear as both runs write their tensors", style="dim")
             return text
         sep = "\n" if self.tall else " · "
-        text.append(f"token {info.token} · {fmt.block_words(info.block)}", style="bold")
+        text.append(f"token {info.token} · {wording.block_words(info.block)}", style="bold")
         if self.tall and info.block.node:
             text.append(f"{sep}{info.block.node}", style="dim")
         text.append("\n" if self.tall else " · ")
-        text.append(fmt.STATE_WORDS[info.state], style=STATE_STYLE.get(info.state, "dim"))
+        text.append(wording.STATE_WORDS[info.state], style=STATE_STYLE.get(info.state, "dim"))
         if info.pairs:
             text.append(
                 f" · {info.failed} of {info.pairs} pairs fail"
@@ -81,9 +81,9 @@ class CellSummary(TextLines):
         text.append("\n\n" if self.tall else "\n")
         for metric, v in info.values.items():
             if self.tall:
-                text.append(f"{fmt.short(metric):<10}{fmt.value(metric, v)}\n")
+                text.append(f"{wording.short(metric):<10}{wording.value(metric, v)}\n")
             else:
-                text.append(f"{fmt.short(metric)} {fmt.value(metric, v)}  ")
+                text.append(f"{wording.short(metric)} {wording.value(metric, v)}  ")
         text.append("\n")
         bad = [p for p in self.pairs or [] if p.verdict in (Verdict.FAIL, Verdict.ERROR)]
         failing = [p for p in bad if p.key.part == "output"] or bad

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from layerwatch.engine import records as R
+from layerwatch.engine import wording
 from layerwatch.engine.records import PairResult, Verdict
 from rich.text import Text
 from textual import on, work
@@ -16,7 +17,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from .. import fmt, keys
+from .. import keys
 from ..messages import CellPairsLoaded
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class BlockScreen(Screen[None]):
     def on_mount(self) -> None:
         info = self.block_info
         title = Text(no_wrap=True, overflow="ellipsis")
-        title.append(f"token {self.token} · {fmt.block_words(info)}", style="bold")
+        title.append(f"token {self.token} · {wording.block_words(info)}", style="bold")
         title.append(f" · {info.node}", style="dim")
         title.append("\nloading operators…", style="dim")
         self.query_one("#block-title", Static).update(title)
@@ -124,7 +125,7 @@ class BlockScreen(Screen[None]):
         table.add_column("verdict", key="verdict")
         table.add_column("inputs", key="inputs")
         for metric in metrics:
-            table.add_column(fmt.short(metric), key=metric)
+            table.add_column(wording.short(metric), key=metric)
         root = self.app.state.root_cause
         for i, pair in enumerate(self.rows):
             table.add_row(*self._cells(i, pair, metrics, root), key=str(i))
@@ -136,7 +137,7 @@ class BlockScreen(Screen[None]):
         info = self.block_info
         bad = [p for p in self.rows if p.verdict in BAD]
         title = Text(no_wrap=True, overflow="ellipsis")
-        title.append(f"token {self.token} · {fmt.block_words(info)}", style="bold")
+        title.append(f"token {self.token} · {wording.block_words(info)}", style="bold")
         title.append(f" · {info.node}", style="dim")
         title.append("\n")
         if error:
@@ -164,7 +165,7 @@ class BlockScreen(Screen[None]):
         glyph, style = MARKS.get(pair.verdict, ("?", ""))
         if is_root or starts_here(pair, inputs, self.rows):
             glyph, style = "◆", "bold red"
-        node = fmt.relative_node(pair.key.node, self.block_info)
+        node = wording.relative_node(pair.key.node, self.block_info)
         if pair.key.node == self.block_info.node:
             node = "(block output)"
         if inputs:
@@ -188,9 +189,9 @@ class BlockScreen(Screen[None]):
             if v is None:
                 cells.append(Text("–", style="dim"))
             elif metric in pair.failed:
-                cells.append(Text(fmt.value(metric, v) + " ✖", style="bold red"))
+                cells.append(Text(wording.value(metric, v) + " ✖", style="bold red"))
             else:
-                cells.append(fmt.value(metric, v))
+                cells.append(wording.value(metric, v))
         return cells
 
     def _initial_row(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from layerwatch.engine import wording
 from layerwatch.engine.records import PairResult, Verdict
 from layerwatch.engine.seam import BlockInfo, PairDetail, SideSummary
 from rich.console import Group, RenderableType
@@ -19,7 +20,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from .. import fmt, keys
+from .. import keys
 from ..messages import DetailLoaded
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def sides_table(golden: SideSummary | None, target: SideSummary | None) -> Table
         return (
             str(getattr(side.stats, name))
             if name in ("nan", "inf")
-            else fmt.number(getattr(side.stats, name))
+            else wording.number(getattr(side.stats, name))
         )
 
     table.add_row("dtype", golden.dtype if golden else "–", target.dtype if target else "–")
@@ -74,13 +75,13 @@ def sides_table(golden: SideSummary | None, target: SideSummary | None) -> Table
 def checks_table(detail: PairDetail) -> Table:
     table = _table("metric", "value", "threshold", "")
     for check in detail.checks:
-        limit = "(info)" if check.limit is None else f"{check.op} {fmt.number(check.limit)}"
+        limit = "(info)" if check.limit is None else f"{check.op} {wording.number(check.limit)}"
         verdict = (
             Text("✔ pass", style="green") if check.passed else Text("✖ FAIL", style="bold red")
         )
         table.add_row(
             check.name,
-            fmt.value(check.name, check.value),
+            wording.value(check.name, check.value),
             limit,
             verdict if check.limit is not None or not check.passed else "",
         )
@@ -100,7 +101,7 @@ def inputs_table(inputs: list[PairResult]) -> RenderableType:
         )
         if any(m in p.metrics for p in inputs)
     ]
-    table = _table("input", "verdict", *(fmt.short(m) for m in metrics))
+    table = _table("input", "verdict", *(wording.short(m) for m in metrics))
     for pair in inputs:
         style = "green" if pair else "bold red"
         table.add_row(
@@ -108,7 +109,8 @@ def inputs_table(inputs: list[PairResult]) -> RenderableType:
             Text(("✔ " if pair else "✖ ") + pair.verdict.value, style=style),
             *(
                 Text(
-                    fmt.value(m, pair.metrics.get(m)), style="bold red" if m in pair.failed else ""
+                    wording.value(m, pair.metrics.get(m)),
+                    style="bold red" if m in pair.failed else "",
                 )
                 for m in metrics
             ),
@@ -145,10 +147,10 @@ def worst_table(detail: PairDetail) -> RenderableType:
     for w in detail.worst:
         table.add_row(
             str(tuple(w.index)),
-            fmt.number(w.golden),
-            fmt.number(w.target),
-            fmt.number(w.abs_err),
-            fmt.number(w.rel_err),
+            wording.number(w.golden),
+            wording.number(w.target),
+            wording.number(w.abs_err),
+            wording.number(w.rel_err),
         )
     return table
 
@@ -160,8 +162,10 @@ def render_detail(detail: PairDetail, block: BlockInfo | None, width: int = 80) 
     head = Text()
     head.append(f"token {result.key.token} · ", style="bold")
     if block is not None:
-        head.append(f"{fmt.block_words(block)} · ", style="bold")
-    head.append(f"{fmt.relative_node(result.key.node, block)} · {result.key.stem}", style="bold")
+        head.append(f"{wording.block_words(block)} · ", style="bold")
+    head.append(
+        f"{wording.relative_node(result.key.node, block)} · {result.key.stem}", style="bold"
+    )
     head.append("  ")
     head.append(
         f" {result.verdict.value.upper()} ",

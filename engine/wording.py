@@ -1,0 +1,206 @@
+"""Words and numbers for people, for every front end: metric names, values, statistics,
+cell states, blocks, findings ("first failure: token 5 · layer 3 · ..."), run states, the summary.
+
+The TUI (tui/status.py, summary.py, screens/) and the headless reports (engine/report.py's
+callers: engine/outcome.py, tui/frontends.py) both take their words from here, so a change of
+wording is made once. Two forms of a finding exist on purpose and are both here: the TUI's
+compact status-line form (:func:`finding_brief`) and the report's field-per-part line
+(:func:`finding_words`) that ``layerwatch compare`` prints and tests and scripts match.
+Reasons inside a verdict are written where the verdict is judged (engine/numerics/thresholds.py),
+since numerics imports nothing above records. Plain Python: no numpy, no Textual.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from layerwatch.engine import records as R
+from layerwatch.engine.records import COSINE
+from layerwatch.engine.seam import BlockInfo, CellState, Finding, RunStatus, Summary
+
+# --- figures --------------------------------------------------------------------------------
+SHORT: dict[str, str] = {
+    R.COSINE: "cos",
+    R.RED: "red",
+    R.MAX_ABS: "max_abs",
+    R.MEAN_ABS: "mean_abs",
+    R.MAX_REL: "max_rel",
+    R.MEAN_REL: "mean_rel",
+    R.KL: "kl",
+    R.ONE_THOUSANDTH: "‰1_ok",
+    R.FIVE_THOUSANDTHS: "‰5_ok",
+    R.NAN_MISMATCH: "nonfinite",
+    R.TOP1: "top1",
+    R.TOPK: "topk",
+    R.MARGIN: "margin",
+}
+"""Column and status-line names (msit's full names appear in the operator view)."""
+
+STATE_WORDS: dict[CellState, str] = {
+    CellState.EMPTY: "not dumped",
+    CellState.WAITING: "one side only (waiting)",
+    CellState.PASS: "pass",
+    CellState.DIVERGED: "diverged (inputs differ)",
+    CellState.FAIL: "FAIL",
+    CellState.NONFINITE: "NaN/Inf",
+    CellState.ERROR: "error",
+}
+
+
+def short(metric: str) -> str:
+    return SHORT.get(metric, metric)
+
+
+def value(metric: str, v: float | None) -> str:
+    """A metric value with as many digits as it needs to show its nines."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if metric in R.HIGHER_IS_BETTER and 0.99 <= v < 1.0:
+        places = min(math.ceil(round(-math.log10(1.0 - v), 6)) + 1, 9)
+        return f"{v:.{places}f}"
+    if v == 0:
+        return "0"
+    if abs(v) < 1e-3 or abs(v) >= 1e5:
+        return f"{v:.2e}"
+    return f"{v:.4g}" if abs(v) >= 1 else f"{v:.3f}"
+
+
+def number(v: float) -> str:
+    """A tensor statistic (min/max/mean/norm)."""
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    return f"{v:.6g}"
+
+
+def block_words(block: BlockInfo) -> str:
+    """``layer 2`` for a decoder layer, else the block's label."""
+    if block.kind == "layer":
+        tail = block.node.rsplit(".", 1)[-1]
+        return f"layer {tail}" if tail.isdigit() else block.label
+    return block.label
+
+
+def relative_node(node: str, block: BlockInfo | None) -> str:
+    """The node name inside its block (``self_attn.o_proj``); the block head itself stays whole."""
+    if block is not None and block.node and node.startswith(block.node + "."):
+        return node[len(block.node) + 1 :]
+    return node.removeprefix("root.")
+
+
+def finding_brief(finding: Finding, blocks: Sequence[BlockInfo]) -> str:
+    """The TUI's status-line form, ``token 3 · layer 2 · self_attn.o_proj · cos 0.912``: the
+    stem joined to the node, short metric names, :func:`value`'s digits; the reason when no
+    metric failed."""
+    block = blocks[finding.block] if 0 <= finding.block < len(blocks) else None
+    parts = [f"token {finding.token}"]
+    if block is not None:
+        parts.append(block_words(block))
+    node = relative_node(finding.node, block)
+    if finding.stem != "output":
+        node = f"{node} {finding.stem}"
+    parts.append(node)
+    metric = next(iter(finding.failed_metrics), None)
+    if metric is not None and metric in finding.metrics:
+        parts.append(f"{short(metric)} {value(metric, finding.metrics[metric])}")
+    elif finding.reason:
+        parts.append(finding.reason)
+    else:
+        parts.append(finding.verdict.value)
+    return " · ".join(parts)
+
+
+RUN_GLYPHS = {
+    "running": "●",
+    "launching": "◌",
+    "waiting": "◌",
+    "exited": "■",
+    "complete": "■",
+    "crashed": "✖",
+    "attached": "●",
+}
+
+
+def run_words(run: RunStatus) -> str:
+    """ "golden ● running pid 4100 · 5 tok · 812 tensors" (the pipeline's own words when it ended)."""
+    glyph = RUN_GLYPHS.get(run.state, "·")
+    if run.state in ("exited", "crashed"):
+        state = run.message or (
+            f"{run.state} {run.exit_code}" if run.exit_code is not None else run.state
+        )
+        return f"{run.side} {glyph} {state} · {run.tokens} tok · {run.tensors} tensors"
+    state = f"running pid {run.pid}" if run.state == "running" and run.pid else run.state
+    words = f"{run.side} {glyph} {state} · {run.tokens} tok · {run.tensors} tensors"
+    return f"{words} · {run.message}" if run.message else words
+
+
+def run_progress_words(status: RunStatus) -> str:
+    """A run-state change as headless ``run``/``watch`` print it: ``running (pid 4100)``."""
+    if status.state == "running" and status.pid:
+        return f"running (pid {status.pid})"
+    if status.state in ("exited", "crashed") and status.message:
+        return status.message
+    return f"{status.state}{': ' + status.message if status.message else ''}"
+
+
+# --- the report's lines (headless output, `layerwatch compare`'s summary) --------------------
+def _where(finding: Finding, block: BlockInfo | None) -> list[str]:
+    if block is None:
+        return [finding.node]
+    parts = [f"layer {block.label.removeprefix('L')}"] if block.kind == "layer" else [block.label]
+    if finding.node.startswith(block.node + "."):
+        parts.append(finding.node[len(block.node) + 1 :])
+    elif finding.node != block.node:
+        parts.append(finding.node)
+    return parts
+
+
+def _value(finding: Finding) -> str:
+    names = list(finding.failed_metrics) or ([COSINE] if COSINE in finding.metrics else [])
+    for name in names:
+        value = finding.metrics.get(name)
+        if value is not None:
+            label = "cos" if name == COSINE else name
+            return f"{label} {value:.4g}" if math.isfinite(value) else f"{label} {value}"
+    return finding.verdict.value
+
+
+def finding_words(finding: Finding, blocks: Sequence[BlockInfo] = ()) -> str:
+    """The headless/report form, ``token 3 · layer 2 · self_attn.o_proj · cos 0.912``: every
+    part its own field (the stem when it is not ``output``), msit's metric names but ``cos``,
+    four significant digits, cosine when no metric failed. :func:`finding_brief` is the TUI's."""
+    block = blocks[finding.block] if 0 <= finding.block < len(blocks) else None
+    parts = [f"token {finding.token}", *_where(finding, block)]
+    if finding.stem != "output":
+        parts.append(finding.stem)
+    parts.append(_value(finding))
+    return " · ".join(parts)
+
+
+def summary_text(session: Any) -> str:
+    """The short human summary ``layerwatch compare`` prints without ``-o``/``--json``."""
+    s: Summary = session.summary
+    blocks = session.blocks()
+    lines = []
+    bad = session.first_bad_token
+    lines.append(f"first bad token: {bad if bad is not None else 'none'}")
+    first, cause = session.first_failure, session.root_cause
+    lines.append(f"first failure:   {finding_words(first, blocks) if first else 'none'}")
+    if cause is not None:
+        lines.append(
+            f"root cause:      {finding_words(cause, blocks)} ({cause.reason.split(':')[0]})"
+        )
+    else:
+        lines.append("root cause:      none")
+    lines.append(
+        f"pairs: {s.pairs} compared · {s.passed} pass · {s.failed} fail · {s.diverged} diverged · "
+        f"{s.error} error · {s.unpaired} unpaired"
+    )
+    for note in session.notes[:8]:
+        lines.append(f"note: {note}")
+    if len(session.notes) > 8:
+        lines.append(f"note: … {len(session.notes) - 8} more (see the report)")
+    return "\n".join(lines)
