@@ -4,7 +4,8 @@ Our own writer renames finished files into place, so a rename is proof enough. F
 (msit's ``torch.save`` of ``.pth``, the CANN probe's ATB ``.bin``, msprobe's ``dump.json`` and
 ``.pt``) write in place: the watcher asks :func:`check_file` and hands the engine a file only
 when its own framing says it is whole. Each check reads a few hundred bytes (the whole file
-only for JSON), so it can run on every close/rename event and again on a timer.
+only for JSON), so it can run on every close/rename event and again on a timer. The framing
+rules shared with the engine's readers (zip end record, ATB header) are capture/framing.py's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from dataclasses import dataclass
 from enum import Enum
 from math import prod
 from pathlib import Path
+
+from .framing import (
+    ZIP_EOCD_LEN,
+    ZIP_LOCAL,
+    atb_fields,
+    atb_header_end,
+    zip64_locator,
+    zip_end_record,
+)
 
 
 class Completeness(str, Enum):
@@ -37,10 +47,6 @@ class Check:
 
 
 _ZIP_SUFFIXES = (".pth", ".pt")
-_EOCD = b"PK\x05\x06"
-_EOCD_LEN = 22
-_ZIP64_LOCATOR = b"PK\x06\x07"
-_ATB_END = b"$End=1\n"
 _ATB_HEADER_MAX = 1 << 16
 _NPY_MAGIC = b"\x93NUMPY"
 _JSON_MAX = 1 << 30
@@ -87,20 +93,16 @@ def _short(size: int, expected: int) -> Check:
 
 def _check_zip(path: str, size: int) -> Check:
     """torch.save's zip: complete once the end-of-central-directory record closes the file."""
-    if size < _EOCD_LEN:
+    if size < ZIP_EOCD_LEN:
         return Check(Completeness.INCOMPLETE, size, f"{size} bytes, no zip directory yet")
-    if _read(path, 0, 4) != b"PK\x03\x04":
+    if _read(path, 0, 4) != ZIP_LOCAL:
         # Legacy (pre-1.6) torch.save is a bare pickle stream: no framing to check.
         return Check(Completeness.UNKNOWN, size)
-    tail_len = min(size, _EOCD_LEN + 0xFFFF)
+    tail_len = min(size, ZIP_EOCD_LEN + 0xFFFF)
     tail = _read(path, size - tail_len, tail_len)
-    pos = tail.rfind(_EOCD)
-    while pos >= 0:
-        if pos + _EOCD_LEN <= len(tail):
-            (comment_len,) = struct.unpack_from("<H", tail, pos + 20)
-            if pos + _EOCD_LEN + comment_len == len(tail):
-                return _check_central_dir(tail, pos, size - tail_len + pos, size)
-        pos = tail.rfind(_EOCD, 0, pos)
+    pos = zip_end_record(tail)
+    if pos >= 0:
+        return _check_central_dir(tail, pos, size - tail_len + pos, size)
     return Check(Completeness.INCOMPLETE, size, f"{size} bytes, zip directory not written yet")
 
 
@@ -108,7 +110,7 @@ def _check_central_dir(tail: bytes, pos: int, eocd_at: int, size: int) -> Check:
     cd_size, cd_offset = struct.unpack_from("<II", tail, pos + 12)
     if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF:
         # ZIP64: the real values sit in the zip64 record; its locator precedes the EOCD.
-        ok = pos >= 20 and tail[pos - 20 : pos - 16] == _ZIP64_LOCATOR
+        ok = zip64_locator(tail, pos) >= 0
         return Check(
             Completeness.COMPLETE if ok else Completeness.INCOMPLETE,
             size,
@@ -122,19 +124,14 @@ def _check_central_dir(tail: bytes, pos: int, eocd_at: int, size: int) -> Check:
 def _check_atb_bin(path: str, size: int) -> Check:
     """ATB ``.bin``: ``key=value`` header lines up to ``$End=1``, then the payload."""
     head = _read(path, 0, min(size, _ATB_HEADER_MAX))
-    if head.startswith(b"PK\x03\x04"):
+    if head.startswith(ZIP_LOCAL):
         return _check_zip(path, size)  # e.g. a torch.save'd pytorch_model.bin
-    end = head.find(_ATB_END)
+    end, header_len = atb_header_end(head)
     if end < 0:
         if size >= _ATB_HEADER_MAX or not _looks_like_header(head):
             return Check(Completeness.UNKNOWN, size)  # not an ATB tensor file
         return Check(Completeness.INCOMPLETE, size, f"{size} bytes, header not finished")
-    header_len = end + len(_ATB_END)
-    fields: dict[str, str] = {}
-    for line in head[:end].decode("ascii", "replace").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            fields[key.strip()] = value.strip()
+    fields = atb_fields(head[:end])
     payload = _atb_payload_len(fields)
     if payload is None:
         return Check(Completeness.COMPLETE, size)  # statistics .bin: the header is the file

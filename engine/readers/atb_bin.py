@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, field
 
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.capture.framing import atb_fields, atb_header_end
 
 ACL_DTYPES: dict[int, str] = {
     0: "float32", 1: "float16", 2: "int8", 3: "int32", 4: "uint8", 6: "int16", 7: "uint16",
@@ -39,7 +40,6 @@ ACL_CODES = {name: code for code, name in ACL_DTYPES.items()}
 FORMAT_ND = 2
 NZ_FORMATS = frozenset({29, 50, 51, 52, 53, 54})
 """FRACTAL_NZ, and its explicit-C0 variants (FRACTAL_NZ_C0_16/32/2/4/8)."""
-_END_MARKS = (b"$End=1\n", b"$END=1\n")
 _HEAD = 4096
 
 
@@ -92,13 +92,13 @@ def read_header(path: str | os.PathLike[str], size: int | None = None) -> BinHea
             if size is None:
                 size = os.fstat(fh.fileno()).st_size
             head = fh.read(_HEAD)
-            end, mark = _find_end(head)
+            end, payload_at = atb_header_end(head)
             while end < 0 and len(head) < min(size, 1 << 20):
                 more = fh.read(_HEAD * 4)
                 if not more:
                     break
                 head += more
-                end, mark = _find_end(head)
+                end, payload_at = atb_header_end(head)
     except FileNotFoundError:
         raise LayerwatchError(f"{spath}: file not found") from None
     except OSError as exc:
@@ -107,12 +107,8 @@ def read_header(path: str | os.PathLike[str], size: int | None = None) -> BinHea
         if len(head) >= 1 << 20 or (head and not head.startswith(b"$")):
             raise LayerwatchError(f"{spath}: not an ATB tensor file (no $End=1 header end)")
         raise BinIncomplete(f"{spath}: header incomplete")
-    attrs: dict[str, str] = {}
-    for line in head[:end].decode("utf-8", "replace").split("\n"):
-        key, sep, value = line.partition("=")
-        if sep:
-            attrs[key.strip()] = value.strip()
-    header = BinHeader(spath, attrs, end + len(mark), size)
+    attrs = atb_fields(head[:end])
+    header = BinHeader(spath, attrs, payload_at, size)
     try:
         header.dtype_code = int(attrs.get("dtype", attrs.get("type", "-1")))
         header.format = int(attrs.get("format", FORMAT_ND))
@@ -129,14 +125,6 @@ def read_header(path: str | os.PathLike[str], size: int | None = None) -> BinHea
     if data is not None and data[0] + data[1] > size:
         raise BinIncomplete(f"{spath}: payload incomplete ({size} of {data[0] + data[1]} bytes)")
     return header
-
-
-def _find_end(head: bytes) -> tuple[int, bytes]:
-    for mark in _END_MARKS:
-        at = head.find(mark)
-        if at >= 0 and (at == 0 or head[at - 1 : at] == b"\n"):
-            return at, mark
-    return -1, b""
 
 
 def payload_matches_dims(header: BinHeader, itemsize: int) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from layerwatch.capture import format as lwf
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.capture.framing import whole_lines
 from layerwatch.engine.readers.base import (
     DirectoryReader,
     RankIndex,
@@ -135,16 +136,16 @@ class LayerwatchReader(DirectoryReader):
         except OSError as exc:
             update.notes.append(f"{state.path / lwf.INDEX}: cannot read: {exc.strerror}")
             return
-        end = chunk.rfind(b"\n")
-        if final and chunk[end + 1 :].strip() and not state.torn_noted:
+        whole = whole_lines(chunk)
+        if final and chunk[whole:].strip() and not state.torn_noted:
             # The writer finished (killed mid-line?): this line will never be completed.
             state.torn_noted = True
             update.notes.append(f"{state.path / lwf.INDEX}: last line cut short, skipped")
-        if end < 0:
+        if not whole:
             return  # only a partial line so far
         start_offset = state.offset
-        state.offset += end + 1
-        for lineno, line in enumerate(chunk[: end + 1].splitlines()):
+        state.offset += whole
+        for lineno, line in enumerate(chunk[:whole].splitlines()):
             if not line.strip():
                 continue
             try:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.capture.framing import whole_lines
 from layerwatch.engine.readers.base import (
     DirectoryReader,
     RankIndex,
@@ -343,10 +344,10 @@ class MsitReader(DirectoryReader):
     ) -> list[TensorRecord]:
         with open(path, "rb") as fh:
             text = fh.read()
-        end = text.rfind(b"\n")
-        if end < 0:
+        whole = whole_lines(text)
+        if not whole:
             raise PthIncomplete(f"{path}: empty statistics")
-        rows = list(csv.DictReader(io.StringIO(text[: end + 1].decode("utf-8", "replace"))))
+        rows = list(csv.DictReader(io.StringIO(text[:whole].decode("utf-8", "replace"))))
         outputs = sum(1 for r in rows if r.get("InputOutput", "").lower() == "output")
         out: list[TensorRecord] = []
         seen: set[str] = set()

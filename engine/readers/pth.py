@@ -22,13 +22,12 @@ from typing import Any
 
 from layerwatch.capture.atomic import replacing
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.capture.framing import ZIP_LOCAL, zip64_locator, zip_end_record
 from layerwatch.engine.readers.load import canonical_dtype, itemsize
 from layerwatch.engine.records import Locator
 
 _SMALL = 1 << 16
 """Files up to this size are read in one go; larger ones read their tail and headers only."""
-_EOCD = b"PK\x05\x06"
-_EOCD64_LOC = b"PK\x06\x07"
 _EOCD_S = struct.Struct("<4sHHHHIIH")
 
 
@@ -52,13 +51,13 @@ def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, tuple[int,
     """Stored members of a zip: name → (local header offset, size) (raises PthIncomplete)."""
     tail = head if len(head) == size else os.pread(fd, min(size, _SMALL), max(0, size - _SMALL))
     tail_start = size - len(tail)
-    pos = tail.rfind(_EOCD)
-    if pos < 0 or pos + _EOCD_S.size > len(tail):
+    pos = zip_end_record(tail)
+    if pos < 0:
         raise PthIncomplete(f"{path}: zip directory missing (file incomplete?)")
     _, _, _, _, count, cd_size, cd_offset, _ = _EOCD_S.unpack_from(tail, pos)
     if cd_offset == 0xFFFFFFFF or count == 0xFFFF:
-        loc = pos - 20
-        if loc < 0 or tail[loc : loc + 4] != _EOCD64_LOC:
+        loc = zip64_locator(tail, pos)
+        if loc < 0:
             raise PthIncomplete(f"{path}: zip64 directory locator missing")
         (eocd64,) = struct.unpack_from("<Q", tail, loc + 8)
         rec = _pread(fd, eocd64, 56, tail, tail_start)
@@ -321,7 +320,7 @@ def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locato
         if size is None:
             size = os.fstat(fd).st_size
         head = os.pread(fd, _SMALL, 0)[:size] if size <= _SMALL else os.pread(fd, 4096, 0)
-        if head[:4] != b"PK\x03\x04":
+        if head[:4] != ZIP_LOCAL:
             if len(head) < 4 or size == 0:
                 raise PthIncomplete(f"{spath}: empty file")
             return _fallback(spath)
