@@ -22,6 +22,12 @@ ZIP64_LOCATOR_LEN = 20
 
 ATB_END_MARKS = (b"$End=1\n", b"$END=1\n")
 """The line that ends an ATB ``.bin`` header (CANN writes ``$End``; some tools ``$END``)."""
+ACL_ITEMSIZE: dict[int, int] = {
+    0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1, 16: 8, 17: 16,
+    27: 2, 35: 1, 36: 1,
+}  # fmt: skip
+"""Bytes per element of each aclDataType code the ATB reader can read (engine/readers/atb_bin.py
+names them): a header with only ``dims`` and ``dtype`` says its payload length through these."""
 
 
 def zip_end_record(tail: bytes) -> int:

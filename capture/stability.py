@@ -20,6 +20,7 @@ from math import prod
 from pathlib import Path
 
 from .framing import (
+    ACL_ITEMSIZE,
     ZIP_EOCD_LEN,
     ZIP_LOCAL,
     atb_fields,
@@ -51,9 +52,6 @@ _ATB_HEADER_MAX = 1 << 16
 _NPY_MAGIC = b"\x93NUMPY"
 _JSON_MAX = 1 << 30
 """Bigger JSON files are not parsed to check them (msprobe's dump.json is MBs, not GBs)."""
-
-# aclDataType codes -> element size (ATB .bin headers), as in msit's TensorBinFile.
-_ACL_ITEMSIZE = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1, 27: 2}
 
 
 def check_file(path: str | os.PathLike[str]) -> Check:
@@ -161,7 +159,7 @@ def _atb_payload_len(fields: dict[str, str]) -> int | None:
         return max(ends)
     if "dims" in fields and "dtype" in fields:
         dims = [int(d) for d in fields["dims"].split(",") if d.strip()]
-        return prod(dims) * _ACL_ITEMSIZE.get(int(fields["dtype"]), 1)
+        return prod(dims) * ACL_ITEMSIZE.get(int(fields["dtype"]), 1)
     return None
 
 

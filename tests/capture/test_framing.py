@@ -77,3 +77,11 @@ def test_whole_lines() -> None:
     assert whole_lines(b'{"k":"t"') == 0
     assert whole_lines(b'{"a":1}\n{"b":') == 8
     assert whole_lines(b"a\nb\n") == 4
+
+
+def test_the_watchers_element_sizes_are_the_readers() -> None:
+    from layerwatch.capture.framing import ACL_ITEMSIZE
+    from layerwatch.engine.readers.atb_bin import ACL_DTYPES
+    from layerwatch.engine.readers.load import itemsize
+
+    assert ACL_ITEMSIZE == {code: itemsize(name) for code, name in ACL_DTYPES.items()}
