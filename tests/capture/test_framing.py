@@ -84,4 +84,4 @@ def test_the_watchers_element_sizes_are_the_readers() -> None:
     from layerwatch.engine.readers.atb_bin import ACL_DTYPES
     from layerwatch.engine.readers.load import itemsize
 
-    assert ACL_ITEMSIZE == {code: itemsize(name) for code, name in ACL_DTYPES.items()}
+    assert {code: itemsize(name) for code, name in ACL_DTYPES.items()} == ACL_ITEMSIZE
