@@ -24,6 +24,7 @@ _HANDLERS: dict[str, str] = {
     "watch": "layerwatch.tui.frontends:watch_main",
     "open": "layerwatch.tui.frontends:open_main",
     "compare": "layerwatch.engine.runner:compare_main",
+    "badcase": "layerwatch.engine.badcase:badcase_main",
 }
 
 
@@ -217,6 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
     add_compare_options(compare)
+
+    badcase = sub.add_parser(
+        "badcase",
+        help="bad cases of two evaluation result files (msit bcanalyze): exit 1 when some",
+    )
+    badcase.add_argument("golden", metavar="GOLDEN_EVAL", help="golden results: .csv/.jsonl/.json")
+    badcase.add_argument("target", metavar="TARGET_EVAL", help="target results, same dataset")
+    badcase.add_argument(
+        "-o", "--output", metavar="FILE", help="write the report (.csv msit columns, or .json)"
+    )
+    badcase.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     return parser
 
 
@@ -243,6 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"layerwatch {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `layerwatch compare --json | head`: the reader left, not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,0 +1,205 @@
+"""Evaluation result files, as msit ``bcanalyze`` reads them: one row per dataset question.
+
+A file is CSV (``.csv``), JSON Lines (``.jsonl``) or a JSON array of objects (``.json``) with
+the columns ``key`` and ``passed`` (msit's alias ``pass`` is accepted), optionally ``queries``,
+``input_token_ids`` and ``output_token_ids`` (list literals such as ``[1, 2, 3]``). Pass values
+are spelled True/False, true/false, 1/0, yes/no or Correct/Wrong, any case. Rows whose key or
+pass value is empty are skipped and counted, as msit drops rows with a missing value; anything
+else malformed is a one-line :class:`LayerwatchError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from layerwatch.capture.errors import LayerwatchError
+
+REQUIRED = ("key", "passed")
+OPTIONAL = ("queries", "input_token_ids", "output_token_ids")
+_ALIASES = {"pass": "passed"}
+_TRUE = {"true", "1", "correct", "yes", "pass", "passed"}
+_FALSE = {"false", "0", "wrong", "no", "fail", "failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class EvalCase:
+    """One question of an evaluation run and how the model did on it."""
+
+    key: str
+    passed: bool
+    queries: str | None = None
+    input_ids: tuple[int, ...] | None = None
+    output_ids: tuple[int, ...] | None = None
+    line: int = 0
+    """Line (CSV/JSONL) or item (JSON) number in its file, for messages."""
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRun:
+    """The cases of one evaluation file, in file order."""
+
+    path: Path
+    cases: tuple[EvalCase, ...]
+    columns: tuple[str, ...]
+    """The columns the file has (after the ``pass`` → ``passed`` rename)."""
+    skipped: int
+    """Rows dropped for an empty key or pass value."""
+
+    @property
+    def has_queries(self) -> bool:
+        return "queries" in self.columns
+
+
+def read_eval(path: str | Path) -> EvalRun:
+    """Parse one evaluation file; every problem is one line naming the file and the row."""
+    p = Path(path)
+    if not p.is_file():
+        raise LayerwatchError(f"{p}: no such evaluation file")
+    rows = _raw_rows(p)
+    columns = _columns(p, rows)
+    cases: list[EvalCase] = []
+    skipped = 0
+    seen: dict[tuple[str, str | None], int] = {}
+    for line, row in rows:
+        key = _text(row.get("key"))
+        passed = _text(row.get("passed"))
+        if not key or not passed:
+            skipped += 1
+            continue
+        case = EvalCase(
+            key=key,
+            passed=_flag(p, line, passed),
+            queries=_text(row.get("queries")) if "queries" in columns else None,
+            input_ids=_ids(p, line, "input_token_ids", row.get("input_token_ids")),
+            output_ids=_ids(p, line, "output_token_ids", row.get("output_token_ids")),
+            line=line,
+        )
+        ident = (case.key, case.queries)
+        if ident in seen:
+            raise LayerwatchError(
+                f"{p}:{line}: duplicate key {case.key!r} (first on line {seen[ident]})"
+            )
+        seen[ident] = line
+        cases.append(case)
+    return EvalRun(p, tuple(cases), columns, skipped)
+
+
+def _raw_rows(p: Path) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LayerwatchError(f"{p}: cannot read: {exc}") from None
+    suffix = p.suffix.lower()
+    if suffix == ".csv":
+        return _csv_rows(p, text)
+    if suffix in (".jsonl", ".ndjson"):
+        return _jsonl_rows(p, text)
+    if suffix == ".json":
+        return _json_rows(p, text)
+    raise LayerwatchError(f"{p}: unknown evaluation file type (supported: .csv, .jsonl, .json)")
+
+
+def _csv_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
+    reader = csv.DictReader(text.splitlines())
+    try:
+        out = []
+        for row in reader:
+            if None in row:  # more cells than header columns
+                raise LayerwatchError(
+                    f"{p}:{reader.line_num}: more cells than the header has columns"
+                )
+            out.append((reader.line_num, _renamed(row)))
+    except csv.Error as exc:
+        raise LayerwatchError(f"{p}:{reader.line_num}: malformed CSV: {exc}") from None
+    if reader.fieldnames is None:
+        raise LayerwatchError(f"{p}: empty CSV file (no header line)")
+    return out
+
+
+def _jsonl_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LayerwatchError(f"{p}:{n}: not a JSON object: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise LayerwatchError(f"{p}:{n}: not a JSON object")
+        out.append((n, _renamed(obj)))
+    return out
+
+
+def _json_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LayerwatchError(f"{p}: not JSON: {exc.msg} (line {exc.lineno})") from None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise LayerwatchError(f"{p}: expected a JSON array of objects, one per case")
+    return [(n, _renamed(obj)) for n, obj in enumerate(items, 1)]
+
+
+def _renamed(row: dict[str, Any]) -> dict[str, Any]:
+    return {_ALIASES.get(str(k).strip(), str(k).strip()): v for k, v in row.items()}
+
+
+def _columns(p: Path, rows: list[tuple[int, dict[str, Any]]]) -> tuple[str, ...]:
+    found: dict[str, None] = {}
+    for _, row in rows:
+        found.update(dict.fromkeys(row))
+    missing = [c for c in REQUIRED if c not in found]
+    if missing:
+        have = ", ".join(found) or "none"
+        raise LayerwatchError(
+            f"{p}: missing column {' and '.join(missing)} (found: {have}; "
+            f"needs key and passed or pass)"
+        )
+    return tuple(found)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and value != value:  # NaN from a JSON writer
+        return ""
+    return str(value).strip()
+
+
+def _flag(p: Path, line: int, value: str) -> bool:
+    low = value.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise LayerwatchError(
+        f"{p}:{line}: pass value {value!r} is not True/False, 1/0 or Correct/Wrong"
+    )
+
+
+def _ids(p: Path, line: int, column: str, value: Any) -> tuple[int, ...] | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            try:
+                parsed = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                parsed = None
+    if isinstance(parsed, list | tuple) and len(parsed) == 1 and isinstance(parsed[0], list):
+        parsed = parsed[0]  # [[1, 2, 3]]: one batch row, as tokenizers return it
+    if not isinstance(parsed, list | tuple) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in parsed
+    ):
+        shown = value if len(str(value)) <= 40 else str(value)[:37] + "..."
+        raise LayerwatchError(f"{p}:{line}: {column} {shown!r} is not a list of token ids")
+    return tuple(parsed)
