@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from layerwatch.capture.atomic import write_text
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, report_format
 from layerwatch.engine.readers.evalcases import EvalCase, EvalRun, read_eval
 
 BAD = "bad"
@@ -217,6 +219,7 @@ def summary_lines(report: BadCaseReport) -> list[str]:
 
 
 def badcase_main(args: argparse.Namespace) -> int:
+    check_report_path(args.output)
     report = analyze(read_eval(args.golden), read_eval(args.target))
     if args.output:
         _write_report(report, Path(args.output))
@@ -225,22 +228,24 @@ def badcase_main(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print("\n".join(summary_lines(report)))
-    return 1 if report.bad else 0
+    return EXIT_FINDING if report.bad else EXIT_OK
 
 
 def _write_report(report: BadCaseReport, path: Path) -> None:
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
+    """The report in the format ``path``'s suffix names (the rule of every command's ``-o``)."""
+    kind = report_format(path)
+    if kind == "csv":
         buf = io.StringIO()
         write_csv(report, buf)
         text = buf.getvalue()
-    elif suffix == ".json":
+    elif kind == "json":
         text = json.dumps(report.to_json(), indent=1) + "\n"
-    else:
-        raise LayerwatchError(f"{path}: unsupported report type (supported: .csv, .json)")
-    tmp = path.with_name(f".tmp-{path.name}")  # TODO(merge): the shared atomic-write helper
+    else:  # jsonl: one case per line, then the summary line
+        obj = report.to_json()
+        lines = [json.dumps(row) for row in obj["rows"]]
+        lines.append(json.dumps({"summary": obj["summary"], "first_failure": obj["first_failure"]}))
+        text = "\n".join(lines) + "\n"
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_text(path, text)
     except OSError as exc:
         raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None

@@ -168,4 +168,14 @@ def test_different_datasets_are_unusable_not_clean(tmp_path: Path) -> None:
 
 def test_unknown_report_suffix_is_refused(runs: tuple[Path, Path], tmp_path: Path) -> None:
     proc = _cli(*runs, "-o", tmp_path / "report.xlsx")
-    assert proc.returncode == 2 and "supported: .csv, .json" in proc.stderr
+    assert proc.returncode == 2 and "a report file ends in .csv, .json or .jsonl" in proc.stderr
+
+
+def test_jsonl_report_is_one_case_a_line_then_the_summary(
+    runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "cases.jsonl"
+    assert _cli(*runs, "-o", out).returncode == 1
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["key"] for r in lines[:-1]] == ["1", "2", "3", "4"]
+    assert lines[-1]["summary"]["bad"] == 2 and lines[-1]["first_failure"]["key"] == "1"
