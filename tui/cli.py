@@ -226,7 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     badcase.add_argument("golden", metavar="GOLDEN_EVAL", help="golden results: .csv/.jsonl/.json")
     badcase.add_argument("target", metavar="TARGET_EVAL", help="target results, same dataset")
     badcase.add_argument(
-        "-o", "--output", metavar="FILE", help="write the report (.csv msit columns, .json or .jsonl)"
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the report (.csv msit columns, .json or .jsonl)",
     )
     badcase.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     return parser
