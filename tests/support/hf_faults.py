@@ -107,7 +107,7 @@ def _eps_attr(module: torch.nn.Module) -> str:
 
 def _probe_mean_square(model: torch.nn.Module, path: str) -> float:
     """Mean square of ``path``'s input over the prefill of the run's own prompt (no hooks yet)."""
-    from .hf_zoo import prompt_ids
+    from .hf_models import prompt_ids
 
     info = getattr(model, "zoo_info", {"arch": "llama", "trained": False, "seed": 0})
     ids = prompt_ids(info["arch"], seed=info["seed"], trained=info["trained"])

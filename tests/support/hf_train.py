@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 RECIPE = {
-    "steps": 400,
+    "steps": 1800,
     "batch": 8,
     "seq": 64,
     "lr": 3e-3,
-    "weight_decay": 0.01,
+    "weight_decay": 0.1,
     "warmup": 20,
     "data_seed": 17,
 }
@@ -103,15 +103,15 @@ def train(model: torch.nn.Module, seed: int = 0) -> list[float]:
     model.train()
     try:
         for _ in range(steps):
-            starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=gen)
-            window = torch.stack([data[s : s + seq + 1] for s in starts.tolist()])
-            out = model(input_ids=window[:, :-1], labels=window[:, :-1], use_cache=False)
+            starts = torch.randint(0, len(data) - seq, (batch,), generator=gen)
+            window = torch.stack([data[s : s + seq] for s in starts.tolist()])
+            out = model(input_ids=window, labels=window, use_cache=False)  # HF shifts labels
             optim.zero_grad(set_to_none=True)
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optim.step()
             sched.step()
-            losses.append(float(out.loss))
+            losses.append(float(out.loss.detach()))
     finally:
         model.eval()
         torch.set_num_threads(threads)
