@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .hf_models import layer_prefix, prompt_ids
+
 LAYER = 1  # middle of the zoo's 3 layers
 NOISE = 0.04  # of the weight's std
 NOISE_SEED = 4321
@@ -35,13 +37,9 @@ class Fault:
     apply: Callable[[torch.nn.Module], None]
 
 
-def _layer(arch: str) -> str:
-    return f"transformer.h.{LAYER}" if arch == "gpt2" else f"model.layers.{LAYER}"
-
-
 def _paths(arch: str) -> dict[str, str]:
     """Module paths of the roles faults target, for ``arch``."""
-    layer = _layer(arch)
+    layer = layer_prefix(arch, LAYER)
     if arch == "gpt2":
         return {
             "mlp_in": f"{layer}.mlp.c_fc",
@@ -107,8 +105,6 @@ def _eps_attr(module: torch.nn.Module) -> str:
 
 def _probe_mean_square(model: torch.nn.Module, path: str) -> float:
     """Mean square of ``path``'s input over the prefill of the run's own prompt (no hooks yet)."""
-    from .hf_models import prompt_ids
-
     info = getattr(model, "zoo_info", {"arch": "llama", "trained": False, "seed": 0})
     ids = prompt_ids(info["arch"], seed=info["seed"], trained=info["trained"])
     seen: list[float] = []

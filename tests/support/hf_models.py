@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .hf_train import corpus_bytes, trained_state
+from .hf_train import BOS, corpus_bytes, trained_state
 
 ARCHS = ("llama", "qwen2", "mistral", "gemma", "gpt2")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -123,9 +123,9 @@ def build(
 def prompt_ids(arch: str, n: int = 12, seed: int = 0, *, trained: bool = False) -> torch.Tensor:
     """``[1, n]`` int64 prompt: random bytes, or for trained models a slice of real text."""
     _check_arch(arch)
-    if trained:
+    if trained:  # the start byte the model was trained with, then held-out text
         text = corpus_bytes(held_out=True)
         start = (seed * 7919) % (len(text) - n)
-        return torch.tensor([list(text[start : start + n])], dtype=torch.int64)
+        return torch.tensor([[BOS, *text[start : start + n - 1]]], dtype=torch.int64)
     gen = torch.Generator().manual_seed(1000 + seed)
     return torch.randint(0, VOCAB, (1, n), generator=gen, dtype=torch.int64)

@@ -30,7 +30,10 @@ RECIPE = {
     "weight_decay": 0.1,
     "warmup": 20,
     "data_seed": 17,
+    "bos": 1,
 }
+BOS = 0  # NUL, absent from source text: every window and trained prompt starts with it, as a
+# real prompt starts with a BOS token (the position where trained models park attention)
 TRAIN_FILES = (
     "argparse.py",
     "textwrap.py",
@@ -105,6 +108,8 @@ def train(model: torch.nn.Module, seed: int = 0) -> list[float]:
         for _ in range(steps):
             starts = torch.randint(0, len(data) - seq, (batch,), generator=gen)
             window = torch.stack([data[s : s + seq] for s in starts.tolist()])
+            if RECIPE["bos"]:
+                window[:, 0] = BOS
             out = model(input_ids=window, labels=window, use_cache=False)  # HF shifts labels
             optim.zero_grad(set_to_none=True)
             out.loss.backward()
