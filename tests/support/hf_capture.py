@@ -86,8 +86,13 @@ def capture(
     if (out / "zoo.json").exists():  # a second run in one process would reuse {device}_{pid}
         raise ValueError(f"{out} already holds a zoo capture; give each capture its own directory")
     out.mkdir(parents=True, exist_ok=True)
-    with register_hook(model, DumpConfig(dump_path=out, dump_weight=dump_weight)) as handle:
-        fed, argmax = decode(model, prompt, new_tokens, forced_ids)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # same reduction order in every process: cached runs stay comparable
+    try:
+        with register_hook(model, DumpConfig(dump_path=out, dump_weight=dump_weight)) as handle:
+            fed, argmax = decode(model, prompt, new_tokens, forced_ids)
+    finally:
+        torch.set_num_threads(threads)
     run_dir = handle.run_dir
     assert run_dir is not None
     record = {
