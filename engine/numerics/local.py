@@ -42,8 +42,10 @@ KINDS = (
     "layer",
     "other",
 )
-"""Operator kinds with their own limits; containers (attention, mlp, layer, other) hold inner
-operators that fail first when the fault is inside them."""
+"""Operator kinds :func:`op_kind` tells apart. Only those with limits in thresholds.toml are
+judged locally (the leaf kinds by default): containers (attention, mlp, layer, other) mix
+inner operators, residual sums and masks, and a fault inside one fails first at its inner
+operator; a rotary embedding computes from positions, not from its input's values."""
 
 
 def op_kind(node_type: str) -> str:

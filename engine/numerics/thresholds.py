@@ -149,7 +149,7 @@ class Thresholds:
         table = self.local.get(klass)
         if not table:
             return None
-        return table.get(op_kind(node_type)) or table.get("other")
+        return table.get(op_kind(node_type))
 
     def checks(
         self,
