@@ -25,6 +25,7 @@ _HANDLERS: dict[str, str] = {
     "open": "layerwatch.tui.frontends:open_main",
     "compare": "layerwatch.engine.runner:compare_main",
     "badcase": "layerwatch.engine.badcase:badcase_main",
+    "scan": "layerwatch.engine.scan:scan_main",
 }
 
 
@@ -232,7 +233,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the report (.csv msit columns, .json or .jsonl)",
     )
     badcase.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+
+    scan = sub.add_parser(
+        "scan",
+        help="anomalies of one dump, no golden (NaN, Inf, saturation, all-zero, jump): exit 1 when some",
+    )
+    scan.add_argument("dump", metavar="DUMP", help="a dump directory (any readable format)")
+    scan.add_argument(
+        "-o", "--output", metavar="FILE", help="write the report (.csv, .json or .jsonl)"
+    )
+    scan.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    add_scan_bounds(scan)
     return parser
+
+
+def add_scan_bounds(parser: argparse.ArgumentParser) -> None:
+    """The jump rule's numbers (engine/numerics/anomaly.py documents their calibration)."""
+    parser.add_argument(
+        "--jump-ratio",
+        type=float,
+        metavar="R",
+        help="an output above R times its inputs' largest magnitude is a jump (default 1000)",
+    )
+    parser.add_argument(
+        "--jump-floor",
+        type=float,
+        metavar="A",
+        help="... and above A in magnitude (default 1000)",
+    )
 
 
 def _load(target: str) -> Callable[[argparse.Namespace], int]:
