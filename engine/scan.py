@@ -21,21 +21,14 @@ Rows list anomalous tensors only (a clean 4k-token run would otherwise print mil
 
 from __future__ import annotations
 
-import argparse
-import csv
-import io
-import json
-import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerwatch.capture.atomic import write_text
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics import anomaly
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, report_format
 from layerwatch.engine.records import Stats, TensorKey, TensorRecord, Topology
 
 APPEARS = "appears"
@@ -70,7 +63,7 @@ class ScanRow:
         if s.inf:
             bits.append(f"{s.inf} Inf")
         bits.append(f"max {s.max:.6g}, min {s.min:.6g}")
-        if self.ratio is not None:
+        if self.ratio is not None and anomaly.JUMP in self.kinds:
             bits.append(f"{self.ratio:.3g}× its inputs' magnitude")
         how = {
             APPEARS: "appears here (inputs clean)",
@@ -125,8 +118,12 @@ class ScanReport:
 
     @property
     def first_failure(self) -> ScanRow | None:
-        born = [r for r in self.rows if r.status == APPEARS]
-        return (born or self.rows or [None])[0]
+        """The first row in execution order where an anomaly appears, else the first row."""
+        born = [r for r in self.rows if r.status == APPEARS] or self.rows
+        return min(born, key=_position, default=None)
+
+    def sorted_rows(self) -> list[ScanRow]:
+        return sorted(self.rows, key=_position)
 
     def to_json(self) -> dict[str, Any]:
         multi = self.ranks > 1
@@ -149,8 +146,12 @@ class ScanReport:
                 "notes": list(self.notes),
             },
             "first_failure": None if first is None else first.to_json(with_rank=multi),
-            "rows": [r.to_json(with_rank=multi) for r in self.rows],
+            "rows": [r.to_json(with_rank=multi) for r in self.sorted_rows()],
         }
+
+
+def _position(row: ScanRow) -> tuple[int, int, int, str, str]:
+    return (row.key.token, row.key.rank, row.order, row.key.node, row.key.stem)
 
 
 def _peak(peak: tuple[float, TensorKey] | None) -> dict[str, Any] | None:
@@ -186,39 +187,78 @@ class _StatsSource:
         return stats
 
 
-def _node_order(records: list[TensorRecord], topology: Topology | None) -> int:
-    for rec in records:
-        if rec.order >= 0:
-            return rec.order
-    if topology is not None:
-        node = topology.nodes.get(records[0].key.node.split("#")[0])
-        if node is not None and node.order >= 0:
-            return node.order
-    return 1 << 30
+class Scanner:
+    """Judges (token, node) calls as their records come in, in execution order.
 
+    ``add`` buffers records per (rank, token) and judges the calls that are surely whole: a
+    writer appends index lines in completion order, so once a call with order *k* is seen,
+    every call before it at that token has landed; a later token closes the earlier ones.
+    ``finish`` judges the rest. Offline, ``add(everything)`` then ``finish()``.
+    """
 
-def scan_records(
-    records: Iterable[TensorRecord],
-    topology: Topology | None = None,
-    bounds: anomaly.Bounds = anomaly.DEFAULT_BOUNDS,
-) -> ScanReport:
-    """Judge every output in ``records`` (one run, any number of ranks and tokens)."""
-    groups: dict[tuple[int, int, str], list[TensorRecord]] = defaultdict(list)
-    for rec in records:
-        groups[(rec.key.rank, rec.key.token, rec.key.node)].append(rec)
-    report = ScanReport(bounds=bounds)
-    get_stats = _StatsSource()
-    ordered = sorted(
-        groups.items(), key=lambda kv: (kv[0][1], kv[0][0], _node_order(kv[1], topology), kv[0][2])
-    )
-    report.nodes = len(ordered)
-    report.tokens = len({t for _, t, _ in groups})
-    report.ranks = max(1, len({r for r, _, _ in groups}))
-    born: dict[tuple[int, int], list[str]] = defaultdict(list)
-    """Nodes at (rank, token) where an anomaly appeared or sits inside: their parents are
-    ``inside``."""
-    for (rank, token, node), recs in ordered:
-        order = _node_order(recs, topology)
+    def __init__(
+        self, topology: Topology | None = None, bounds: anomaly.Bounds = anomaly.DEFAULT_BOUNDS
+    ) -> None:
+        self.topology = topology
+        self.report = ScanReport(bounds=bounds)
+        self._stats = _StatsSource()
+        self._pending: dict[tuple[int, int], dict[str, list[TensorRecord]]] = {}
+        self._latest: dict[int, int] = {}
+        """Latest token seen per rank."""
+        self._born: dict[tuple[int, int], list[str]] = defaultdict(list)
+        """Nodes at (rank, token) where an anomaly appeared or sits inside (their parents are
+        ``inside``)."""
+        self._tokens: set[int] = set()
+        self._ranks: set[int] = set()
+
+    def add(self, records: Iterable[TensorRecord]) -> list[ScanRow]:
+        """Buffer ``records``; judge the calls now known whole; returns the new rows."""
+        for rec in records:
+            k = rec.key
+            self._pending.setdefault((k.rank, k.token), {}).setdefault(k.node, []).append(rec)
+            self._latest[k.rank] = max(self._latest.get(k.rank, k.token), k.token)
+        return self._judge(final=False)
+
+    def finish(self) -> list[ScanRow]:
+        """Judge everything still buffered (the dump is complete)."""
+        return self._judge(final=True)
+
+    def _judge(self, final: bool) -> list[ScanRow]:
+        new: list[ScanRow] = []
+        for rank, token in sorted(self._pending, key=lambda rt: (rt[1], rt[0])):
+            calls = self._pending[(rank, token)]
+            ordered = sorted(calls.items(), key=lambda kv: (self._order(kv[1]), kv[0]))
+            if not final and token >= self._latest[rank]:
+                ordered = ordered[:-1]  # the last call may still be landing
+            for node, recs in ordered:
+                del calls[node]
+                new.extend(self._call(rank, token, node, recs))
+            if not calls:
+                del self._pending[(rank, token)]
+        report = self.report
+        report.rows.extend(new)
+        report.loaded = self._stats.loaded
+        report.tokens = len(self._tokens)
+        report.ranks = max(1, len(self._ranks))
+        return new
+
+    def _order(self, records: list[TensorRecord]) -> int:
+        for rec in records:
+            if rec.order >= 0:
+                return rec.order
+        if self.topology is not None:
+            node = self.topology.nodes.get(records[0].key.node.split("#")[0])
+            if node is not None and node.order >= 0:
+                return node.order
+        return 1 << 30
+
+    def _call(self, rank: int, token: int, node: str, recs: list[TensorRecord]) -> list[ScanRow]:
+        """Judge the outputs of one (token, node) call against its inputs."""
+        report, get_stats = self.report, self._stats
+        report.nodes += 1
+        self._tokens.add(token)
+        self._ranks.add(rank)
+        order = self._order(recs)
         in_stats: list[Stats] = []
         in_kinds: set[str] = set()
         has_inputs = False
@@ -241,16 +281,20 @@ def scan_records(
                 stats = get_stats(rec)
                 if stats is not None:
                     outputs.append((rec, stats))
-        nested = [n for n in born[(rank, token)] if n.startswith(node.split("#")[0] + ".")]
+        born = self._born[(rank, token)]
+        prefix = node.split("#")[0] + "."
+        nested = any(n.startswith(prefix) for n in born)
+        rows = []
         for rec, stats in outputs:
             report.tensors += 1
-            ratio = anomaly.ratio(stats, in_stats) if anomaly.is_float(rec.dtype) else None
+            floating = anomaly.is_float(rec.dtype)
+            ratio = anomaly.ratio(stats, in_stats) if floating else None
             if ratio is not None and (report.peak_ratio is None or ratio > report.peak_ratio[0]):
                 report.peak_ratio = (ratio, rec.key)
-            mag = anomaly.magnitude(stats) if anomaly.is_float(rec.dtype) else 0.0
+            mag = anomaly.magnitude(stats) if floating else 0.0
             if report.peak_magnitude is None or mag > report.peak_magnitude[0]:
                 report.peak_magnitude = (mag, rec.key)
-            kinds = anomaly.output_kinds(stats, rec.dtype, in_stats, bounds)
+            kinds = anomaly.output_kinds(stats, rec.dtype, in_stats, report.bounds)
             if not kinds:
                 continue
             if has_inputs and anomaly.carries(kinds, in_kinds):
@@ -259,9 +303,9 @@ def scan_records(
                 status = INSIDE
             else:
                 status = APPEARS
-            if status != PROPAGATED and node not in born[(rank, token)]:
-                born[(rank, token)].append(node)
-            report.rows.append(
+            if status != PROPAGATED and node not in born:
+                born.append(node)
+            rows.append(
                 ScanRow(
                     rec.key,
                     tuple(kinds),
@@ -274,8 +318,19 @@ def scan_records(
                     rec.source,
                 )
             )
-    report.loaded = get_stats.loaded
-    return report
+        return rows
+
+
+def scan_records(
+    records: Iterable[TensorRecord],
+    topology: Topology | None = None,
+    bounds: anomaly.Bounds = anomaly.DEFAULT_BOUNDS,
+) -> ScanReport:
+    """Judge every output in ``records`` (one finished run, any number of ranks and tokens)."""
+    scanner = Scanner(topology, bounds)
+    scanner.add(records)
+    scanner.finish()
+    return scanner.report
 
 
 def scan_dump(path: str, bounds: anomaly.Bounds = anomaly.DEFAULT_BOUNDS) -> ScanReport:
@@ -295,113 +350,3 @@ def scan_dump(path: str, bounds: anomaly.Bounds = anomaly.DEFAULT_BOUNDS) -> Sca
     if report.tensors == 0:
         raise LayerwatchError(f"nothing to scan: no output tensors in {path}")
     return report
-
-
-def summary_lines(report: ScanReport) -> list[str]:
-    """What a person reads: counts, the first anomaly and where it came from."""
-    first = report.first_failure
-    head = (
-        f"scanned {report.tensors} outputs of {report.nodes} node calls over {report.tokens} tokens"
-    )
-    notes = [f"note: {n}" for n in report.notes]
-    if first is None:
-        return [f"{head}: no anomaly (NaN, Inf, saturation, all-zero, jump)", *notes]
-    lines = [
-        f"{head}: {len(report.rows)} anomalous, "
-        f"{sum(1 for r in report.rows if r.status == APPEARS)} where one appears"
-    ]
-    rank = f" · rank {first.key.rank}" if report.ranks > 1 else ""
-    lines.append(
-        f"first anomaly: token {first.key.token}{rank} · {first.key.node} · "
-        f"{first.key.stem}: {first.reason()}"
-    )
-    return lines + notes
-
-
-CSV_COLUMNS = (
-    "token",
-    "rank",
-    "node",
-    "tensor",
-    "order",
-    "anomaly",
-    "kinds",
-    "status",
-    "dtype",
-    "shape",
-    "max",
-    "min",
-    "mean",
-    "norm",
-    "nan",
-    "inf",
-    "ratio",
-    "reason",
-)
-
-
-def report_text(report: ScanReport, kind: str) -> str:
-    """The report as ``csv``, ``json`` or ``jsonl`` (rows, then one summary line)."""
-    obj = report.to_json()
-    if kind == "json":
-        return json.dumps(obj, indent=1) + "\n"
-    if kind == "jsonl":
-        lines = [json.dumps(row) for row in obj["rows"]]
-        lines.append(json.dumps({"summary": obj["summary"], "first_failure": obj["first_failure"]}))
-        return "\n".join(lines) + "\n"
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for r in report.rows:
-        s = r.stats
-        writer.writerow(
-            [
-                r.key.token,
-                r.key.rank,
-                r.key.node,
-                r.key.stem,
-                r.order,
-                r.anomaly,
-                "+".join(r.kinds),
-                r.status,
-                r.dtype,
-                json.dumps(list(r.shape)),
-                s.max,
-                s.min,
-                s.mean,
-                s.norm,
-                s.nan,
-                s.inf,
-                "" if r.ratio is None else r.ratio,
-                r.reason(),
-            ]
-        )
-    return buf.getvalue()
-
-
-def bounds_from(args: argparse.Namespace) -> anomaly.Bounds:
-    ratio = getattr(args, "jump_ratio", None)
-    floor = getattr(args, "jump_floor", None)
-    bounds = anomaly.Bounds(
-        anomaly.JUMP_RATIO if ratio is None else ratio,
-        anomaly.JUMP_FLOOR if floor is None else floor,
-    )
-    if not bounds.ratio > 0 or not bounds.floor >= 0:
-        raise LayerwatchError("--jump-ratio must be > 0 and --jump-floor >= 0")
-    return bounds
-
-
-def scan_main(args: argparse.Namespace) -> int:
-    check_report_path(args.output)
-    report = scan_dump(args.dump, bounds_from(args))
-    if args.output:
-        try:
-            write_text(args.output, report_text(report, report_format(args.output)))
-        except OSError as exc:
-            raise LayerwatchError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    if args.json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
-    elif not args.output:
-        print("\n".join(summary_lines(report)))
-    sys.stdout.flush()
-    return EXIT_FINDING if report.rows else EXIT_OK

@@ -25,7 +25,7 @@ _HANDLERS: dict[str, str] = {
     "open": "layerwatch.tui.frontends:open_main",
     "compare": "layerwatch.engine.runner:compare_main",
     "badcase": "layerwatch.engine.badcase:badcase_main",
-    "scan": "layerwatch.engine.scan:scan_main",
+    "scan": "layerwatch.engine.scan_report:scan_main",
 }
 
 
@@ -161,6 +161,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="msit: launch `msit llm dump` (Ascend ATB)",
     )
     dump.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh")
+    dump.add_argument(
+        "--scan",
+        action="store_true",
+        help="scan tensors as they land (NaN, Inf, saturation, all-zero, jump; see `scan`)",
+    )
+    dump.add_argument(
+        "--exit-on-anomaly",
+        action="store_true",
+        help="with --scan: stop COMMAND at the first anomaly (msit errcheck --exit)",
+    )
+    dump.add_argument(
+        "--scan-output",
+        metavar="FILE",
+        help="with --scan: write the scan report (.csv, .json or .jsonl)",
+    )
+    add_scan_bounds(dump)
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     run = sub.add_parser("run", help="launch or attach to both sides and compare live")
@@ -278,8 +294,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.cmd = args.cmd[1:]
     from layerwatch.capture.errors import LayerwatchError
 
+    handler = _HANDLERS[args.command]
+    if args.command == "dump" and (args.scan or args.exit_on_anomaly or args.scan_output):
+        handler = "layerwatch.engine.live.scan:dump_scan_main"
     try:
-        return _load(_HANDLERS[args.command])(args)
+        return _load(handler)(args)
     except LayerwatchError as exc:
         print(f"layerwatch {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
