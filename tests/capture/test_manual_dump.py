@@ -125,10 +125,9 @@ def test_region_names_points_and_nests(tmp_path) -> None:
             return y
 
     wrapped = Wrapped().eval()
-    with register_hook(wrapped, DumpConfig(dump_path=tmp_path / "b")) as handle:
-        with torch.no_grad():
-            for _ in range(2):
-                wrapped(torch.ones(1, 4))
+    with register_hook(wrapped, DumpConfig(dump_path=tmp_path / "b")) as handle, torch.no_grad():
+        for _ in range(2):
+            wrapped(torch.ones(1, 4))
     nodes = {(ln["token"], ln["node"]) for ln in lwdump.index(handle.run_dir) if ln["k"] == "t"}
     for token in (0, 1):
         assert (token, "root.probe.inner.x") in nodes
@@ -138,7 +137,7 @@ def test_region_names_points_and_nests(tmp_path) -> None:
 def test_bad_labels_and_reuse_with_another_shape_say_so(tmp_path, capsys) -> None:
     with pytest.raises(LayerwatchError, match="'a/b' is not a name"):
         dump_data("a/b", torch.ones(1))
-    with pytest.raises(LayerwatchError, match="needs a torch.Tensor"):
+    with pytest.raises(LayerwatchError, match=r"needs a torch\.Tensor"):
         dump_data("x", [1, 2])
     with pytest.raises(LayerwatchError, match="tensor_path is not supported"):
         set_label(data_id="x", tensor_path="out.bin")
