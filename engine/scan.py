@@ -89,6 +89,8 @@ class Scanner:
         self._born: dict[tuple[int, int], list[str]] = defaultdict(list)
         """Nodes at (rank, token) where an anomaly appeared or sits inside (their parents are
         ``inside``)."""
+        self._first_bad: dict[int, int] = {}
+        """The first anomalous token per rank."""
         self._tokens: set[int] = set()
         self._ranks: set[int] = set()
 
@@ -163,6 +165,8 @@ class Scanner:
                 if stats is not None:
                     outputs.append((rec, stats))
         born = self._born[(rank, token)]
+        earlier = self._first_bad.get(rank)
+        earlier = earlier if earlier is not None and earlier < token else None
         prefix = node.split("#")[0] + "."
         nested = any(n.startswith(prefix) for n in born)
         rows = []
@@ -197,8 +201,11 @@ class Scanner:
                     order,
                     ratio,
                     rec.source,
+                    earlier,
                 )
             )
+        if rows:
+            self._first_bad.setdefault(rank, token)
         return rows
 
 

@@ -29,6 +29,9 @@ class ScanRow:
     ratio: float | None = None
     """Output magnitude over the largest input magnitude (``None``: no floating input)."""
     source: str = ""
+    earlier: int | None = None
+    """The first token of this rank that was already anomalous, when before this row's token:
+    a cache (KV) can carry an anomaly into a later token with clean inputs."""
 
     @property
     def anomaly(self) -> str:
@@ -41,7 +44,10 @@ class ScanRow:
             bits.append(f"{s.nan} NaN")
         if s.inf:
             bits.append(f"{s.inf} Inf")
-        bits.append(f"max {s.max:.6g}, min {s.min:.6g}")
+        if s.max == s.max:  # not NaN: some element is finite
+            bits.append(f"max {s.max:.6g}, min {s.min:.6g}")
+        else:
+            bits.append("no finite value")
         if self.ratio is not None and anomaly.JUMP in self.kinds:
             bits.append(f"{self.ratio:.3g}× its inputs' magnitude")
         how = {
@@ -49,7 +55,10 @@ class ScanRow:
             INSIDE: "appears in a nested node",
             PROPAGATED: "carried in by an input",
         }
-        return f"{'+'.join(self.kinds)} {how[self.status]}: {', '.join(bits)}"
+        text = f"{'+'.join(self.kinds)} {how[self.status]}: {', '.join(bits)}"
+        if self.earlier is not None and self.status != PROPAGATED:
+            text += f" (token {self.earlier} was already anomalous: a cache may carry it)"
+        return text
 
     def to_json(self, with_rank: bool = False) -> dict[str, Any]:
         row: dict[str, Any] = {"token": self.key.token, "node": self.key.node}

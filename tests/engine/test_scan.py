@@ -70,6 +70,28 @@ def test_nan_op_is_found_at_its_node(arch: str, tmp_path: Path) -> None:
     assert mlp and mlp[0].status == INSIDE
 
 
+def test_a_cache_carrying_nan_into_later_tokens_is_named(tmp_path: Path) -> None:
+    """NaN in k_proj at prefill only: later tokens' attention sees it through the KV cache
+    (its inputs are clean), and the first failure stays at prefill's k_proj."""
+    model = tiny_hf.build("qwen2", torch.float16)
+    k_proj = model.model.layers[0].self_attn.k_proj
+    calls = []
+
+    def nan_once(module, args, output):
+        calls.append(1)
+        return output * float("nan") if len(calls) == 1 else output
+
+    k_proj.register_forward_hook(nan_once)
+    report = scan_dump(str(tiny_hf.capture(model, tmp_path)))
+    first = report.first_failure
+    assert first is not None and (first.key.token, first.key.node) == (
+        0,
+        "root.model.layers.0.self_attn.k_proj",
+    )
+    later = [r for r in report.rows if r.key.token == 2 and r.status == APPEARS]
+    assert later and all("token 0 was already anomalous" in r.reason() for r in later)
+
+
 def test_saturation_zero_and_jump(tmp_path: Path) -> None:
     model = tiny_hf.build("llama", torch.float16)
     tiny_hf.set_module(
