@@ -60,6 +60,17 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
         "--format", choices=("layerwatch", "msit"), default="layerwatch", help="dump layout"
     )
     group.add_argument("--seed", type=int, help="seed_all(SEED) in the child before it runs")
+    group.add_argument(
+        "--stats-first",
+        action="store_true",
+        help="statistics of every tensor, payloads only for the last tokens and around anomalies",
+    )
+    group.add_argument(
+        "--keep-tokens",
+        type=int,
+        metavar="N",
+        help="with --stats-first: keep payloads of the last N tokens (default 8)",
+    )
 
 
 def add_watch_options(parser: argparse.ArgumentParser) -> None:
