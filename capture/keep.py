@@ -24,15 +24,16 @@ AROUND = 1
 
 
 def anomalous(stats: tuple[float, ...] | None, dtype: str) -> bool:
-    """NaN/Inf counted, or a finite value at the dtype's maximum (``stats`` = max, min, mean,
-    norm, nan, inf as ``capture/stats.py`` computes them)."""
+    """NaN/Inf counted, or a finite maximum at the dtype's largest value (``stats`` = max, min,
+    mean, norm, nan, inf as ``capture/stats.py`` computes them; the negative end is where
+    transformers puts ``finfo.min`` to mask attention, so it is not judged)."""
     if stats is None:
         return False
-    high, low, _mean, _norm, nan, inf = stats
+    high, _low, _mean, _norm, nan, inf = stats
     if nan or inf:
         return True
     top = FINITE_MAX.get(dtype)
-    return top is not None and any(not math.isnan(v) and abs(v) >= top for v in (high, low))
+    return top is not None and not math.isnan(high) and high >= top  # finfo.min marks masking
 
 
 class TokenRing:

@@ -160,10 +160,12 @@ class Scanner:
                 else:
                     in_stats.append(stats)
                 in_kinds |= kinds
-            else:
+            elif anomaly.is_float(rec.dtype):  # integer/bool/complex outputs are not judged
                 stats = get_stats(rec)
                 if stats is not None:
                     outputs.append((rec, stats))
+            else:
+                report.tensors += 1
         born = self._born[(rank, token)]
         earlier = self._first_bad.get(rank)
         earlier = earlier if earlier is not None and earlier < token else None

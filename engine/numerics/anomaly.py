@@ -9,9 +9,12 @@ The kinds, worst first:
 
 * ``nan`` — the output holds NaN;
 * ``inf`` — the output holds ±Inf (fp16 overflow rounds to Inf in PyTorch);
-* ``saturated`` — a finite value sits at the dtype's finite maximum (fp16 ±65504, bf16
-  ±3.39e38): kernels that saturate instead of overflowing (an NPU's saturation mode, a clamp)
-  leave this trace. A mask input legitimately holds ``finfo.min``, so only outputs are judged;
+* ``saturated`` — a finite value sits at the dtype's finite maximum (fp16 65504, bf16
+  3.39e38) at the *positive* end: kernels that saturate instead of overflowing (an NPU's
+  saturation mode, a clamp) leave this trace. The negative end is not judged: ``finfo.min`` is
+  the value transformers puts where attention is masked, so an additive mask and the scores it
+  was added to hold it by design (msprobe's API dumps show both: ``torch.where``,
+  ``Tensor.__add__``); for the same reason a minimum at ``finfo.min`` counts for no magnitude;
 * ``zero`` — a floating output that is all zeros while its (non-mask) floating inputs are not;
 * ``jump`` — the output's largest magnitude exceeds both :data:`JUMP_RATIO` times the largest
   magnitude of its floating inputs and :data:`JUMP_FLOOR`.
@@ -71,9 +74,15 @@ def is_float(dtype: str) -> bool:
     return dtype in FINITE_MAX or dtype.startswith(("float", "bfloat"))
 
 
+MASK_VALUES = frozenset(-v for v in FINITE_MAX.values())
+"""``torch.finfo(dtype).min`` of each dtype: the value transformers puts where attention is
+masked (an additive mask, and the scores it was added to, hold it by design)."""
+
+
 def magnitude(stats: Stats) -> float:
-    """Largest finite magnitude (0.0 when there is no finite element)."""
-    values = [abs(v) for v in (stats.max, stats.min) if not math.isnan(v)]
+    """Largest finite magnitude (0.0 when there is no finite element), a minimum at a mask
+    value (:data:`MASK_VALUES`) left out."""
+    values = [abs(v) for v in (stats.max, stats.min) if not math.isnan(v) and v not in MASK_VALUES]
     return max(values, default=0.0)
 
 
@@ -91,7 +100,7 @@ def own_kinds(stats: Stats, dtype: str) -> list[str]:
     if stats.inf:
         kinds.append(INF)
     top = FINITE_MAX.get(dtype)
-    if top is not None and magnitude(stats) >= top:
+    if top is not None and stats.max >= top:
         kinds.append(SATURATED)
     return kinds
 

@@ -42,6 +42,15 @@ def test_benign_runs_raise_nothing(arch: str, dtype: torch.dtype, tmp_path: Path
     assert ratio < anomaly.JUMP_RATIO / 10  # the headroom anomaly.py documents
 
 
+@pytest.mark.parametrize("side", ["stats_golden", "tensor_golden"])
+def test_msprobe_api_dumps_with_masks_raise_nothing(side: str) -> None:
+    """msprobe dumps the API calls that build and add the attention mask (``torch.where`` →
+    finfo.min, ``Tensor.__add__``): values at finfo.min by design, not a saturation."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "msprobe" / side
+    report = scan_dump(str(fixture))
+    assert report.rows == [] and report.tensors > 50
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_fp16_overflow_is_found_where_it_appears(arch: str, tmp_path: Path) -> None:
     model = tiny_hf.build(arch, torch.float16)

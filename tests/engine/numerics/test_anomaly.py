@@ -20,10 +20,13 @@ NAN = math.nan
         (Stats(2.0, -3.0, 0.0, 1.0, inf=1), "bfloat16", ["inf"]),
         (Stats(NAN, NAN, NAN, 0.0, nan=3, inf=2), "float32", ["nan", "inf"]),  # no finite element
         (Stats(65504.0, 0.0, 1.0, 1.0), "float16", ["saturated"]),
-        (Stats(1.0, -65504.0, 1.0, 1.0), "float16", ["saturated"]),
+        (Stats(1.0, -65504.0, 1.0, 1.0), "float16", []),  # finfo.min: masked scores
         (Stats(65504.0, 0.0, 1.0, 1.0), "float32", []),  # fp16's max is ordinary in fp32
         (Stats(3.3895313892515355e38, 0.0, 1.0, 1.0), "bfloat16", ["saturated"]),
         (Stats(100.0, 0.0, 1.0, 1.0, nan=1), "int64", []),  # integers are not judged
+        (Stats(0.0, -65504.0, -9e3, 1.0), "float16", []),  # an additive attention mask
+        (Stats(0.0, -3.4028234663852886e38, -1e38, 1.0), "float32", []),
+        (Stats(65504.0, -65504.0, -9e3, 1.0), "float16", ["saturated"]),
     ],
 )
 def test_own_kinds(stats: Stats, dtype: str, kinds: list[str]) -> None:
@@ -37,6 +40,12 @@ def test_all_zero_needs_non_zero_inputs() -> None:
     assert anomaly.output_kinds(ZERO, "float16", [CLEAN]) == ["zero"]
     assert anomaly.output_kinds(ZERO, "float16", [ZERO]) == []  # zeros in, zeros out
     assert anomaly.output_kinds(ZERO, "float16", []) == []  # inputs unknown: not judged
+
+
+def test_a_mask_value_counts_for_no_magnitude() -> None:
+    masked_scores = Stats(0.04, -3.4028234663852886e38, -1e37, 1.0)
+    assert anomaly.magnitude(masked_scores) == 0.04
+    assert anomaly.output_kinds(masked_scores, "float32", [Stats(0.1, -0.1, 0, 1)]) == []
 
 
 def test_jump_needs_both_the_ratio_and_the_floor() -> None:
