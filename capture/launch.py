@@ -68,6 +68,11 @@ class CaptureOptions:
         )  # fmt: skip
         if opts.tokens:
             parse_tokens(opts.tokens)  # a bad spec fails here, in the launcher, in one line
+        if opts.keep_tokens is not None and (opts.stats_only or opts.format != "layerwatch"):
+            raise LayerwatchError(
+                "--stats-first needs tensors in the layerwatch format: "
+                "drop --stats-only/--format msit"
+            )
         return opts
 
     def settings(self, out: Path) -> dict[str, object]:

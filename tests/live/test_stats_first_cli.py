@@ -30,7 +30,15 @@ def test_stats_first_keeps_the_last_tokens_payloads(tmp_path: Path) -> None:
     assert manifest["config"]["keep_tokens"] == 2
 
 
-def test_bad_keep_tokens_is_one_line(tmp_path: Path) -> None:
-    res = layerwatch("dump", "--out", str(tmp_path), "--keep-tokens", "0", "--", "true")
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--keep-tokens", "0"], "--keep-tokens must be 1 or more"),
+        (["--stats-first", "--stats-only"], "--stats-first needs tensors"),
+        (["--stats-first", "--format", "msit"], "--stats-first needs tensors"),
+    ],
+)
+def test_bad_stats_first_options_are_one_line(args: list[str], message: str, tmp_path) -> None:
+    res = layerwatch("dump", "--out", str(tmp_path), *args, "--", "true")
     lines = res.stderr.strip().splitlines()
-    assert res.returncode == 2 and len(lines) == 1 and "--keep-tokens must be 1 or more" in lines[0]
+    assert res.returncode == 2 and len(lines) == 1 and message in lines[0]
