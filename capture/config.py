@@ -72,6 +72,10 @@ class DumpConfig:
     """A data file is closed once its batch holds this many bytes."""
     flush_interval: float = 0.05
     """Seconds after which pending tensors are written even if the batch is small (live view)."""
+    keep_tokens: int | None = None
+    """Statistics-first: payloads stay only for the last ``keep_tokens`` tokens and the tokens
+    around an anomaly (NaN/Inf/saturation); every tensor's statistics stay (capture/keep.py).
+    ``None``: keep every payload."""
     tokens: TokenSelection = field(init=False, repr=False)
     """``token_range`` parsed; ``__contains__`` answers "is token t dumped"."""
 
@@ -114,6 +118,18 @@ class DumpConfig:
             raise LayerwatchError(
                 f"flush_interval must be > 0 seconds, got {self.flush_interval!r}"
             )
+        if self.keep_tokens is not None:
+            if (
+                not isinstance(self.keep_tokens, int)
+                or isinstance(self.keep_tokens, bool)
+                or self.keep_tokens < 1
+            ):
+                raise LayerwatchError(f"keep_tokens must be >= 1 or None, got {self.keep_tokens!r}")
+            if self.format != "layerwatch" or self.dump_statistics_mode != 2:
+                raise LayerwatchError(
+                    "keep_tokens (statistics-first) needs the layerwatch format with statistics "
+                    "and tensors (dump_statistics_mode=2)"
+                )
         for name in ("dump_last_logits", "dump_weight"):
             setattr(self, name, bool(getattr(self, name)))
 
@@ -157,6 +173,7 @@ class DumpConfig:
             "device_id": self.device_id,
             "seed": self.seed,
             "format": self.format,
+            "keep_tokens": self.keep_tokens,
         }
 
 

@@ -45,6 +45,9 @@ K_END = "end"
 """The writer stopped: ``status`` is ``complete`` or says why it stopped."""
 K_ERROR = "error"
 """Capture hit a problem it could not recover from (disk full...): ``message``."""
+K_DROP = "drop"
+"""Statistics-first capture deleted a data file (``file``): its tensors are statistics-only
+from now on (``capture/keep.py``)."""
 K_WEIGHT = "weight"
 """A parameter dumped once (``dump_weight``): ``name`` (``root.<module>.<param>``), ``node``,
 ``param``, ``dtype``, ``shape``, ``file``, ``begin``, ``end`` (same meaning as for tensors)."""

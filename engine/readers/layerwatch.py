@@ -182,6 +182,11 @@ class LayerwatchReader(DirectoryReader):
             status = obj.get("status", lwf.STATUS_COMPLETE)
             if status != lwf.STATUS_COMPLETE:
                 update.notes.append(f"{state.path.name}: capture stopped: {status}")
+        elif kind == lwf.K_DROP:  # statistics-first capture deleted this data file
+            gone = os.path.join(state.path, str(obj.get("file", "")))
+            for record in update.tensors:
+                if record.loc is not None and record.loc.path == gone:
+                    record.loc = None  # its statistics stay
         elif kind == lwf.K_ERROR:
             update.notes.append(f"{state.path.name}: capture error: {obj.get('message', '?')}")
         elif kind == "weight":
