@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LayerwatchError
+from .golden import GoldenTokens, read_golden
 from .tokens import TokenSelection
 
 FORMATS = ("layerwatch", "msit")
@@ -72,6 +73,11 @@ class DumpConfig:
     """A data file is closed once its batch holds this many bytes."""
     flush_interval: float = 0.05
     """Seconds after which pending tensors are written even if the batch is small (live view)."""
+    follow: str | os.PathLike[str] | None = None
+    """A golden layerwatch dump to follow (teacher forcing): at each step the target is fed the
+    golden's token (``capture/follow.py``). Read and checked here, before anything runs."""
+    golden: GoldenTokens | None = field(init=False, repr=False, default=None)
+    """``follow``'s token ids, per token."""
     tokens: TokenSelection = field(init=False, repr=False)
     """``token_range`` parsed; ``__contains__`` answers "is token t dumped"."""
 
@@ -116,6 +122,10 @@ class DumpConfig:
             )
         for name in ("dump_last_logits", "dump_weight"):
             setattr(self, name, bool(getattr(self, name)))
+        if self.follow is not None:
+            if not isinstance(self.follow, str | os.PathLike) or not str(self.follow):
+                raise LayerwatchError(f"follow must be a dump directory, got {self.follow!r}")
+            self.golden = read_golden(self.follow)
 
     @property
     def path(self) -> Path:
@@ -157,6 +167,7 @@ class DumpConfig:
             "device_id": self.device_id,
             "seed": self.seed,
             "format": self.format,
+            "follow": None if self.golden is None else str(self.golden.rank_dir),
         }
 
 

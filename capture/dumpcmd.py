@@ -110,6 +110,7 @@ def run_dump(args: object) -> int:
     what = f"{tokens} tokens, {tensors} tensors" + (f" from {ranks} processes" if ranks > 1 else "")
     if ranks == 0 and spec.dumper == "layerwatch":
         what = "nothing captured (did it run a torch model in Python, without python -I/-S?)"
+    refused = next((m for m in messages if m.startswith("follow: ")), None)
     messages += [
         t[len("layerwatch: ") :] for t in child.log_tail(40) if t.startswith("layerwatch: ")
     ]
@@ -117,6 +118,9 @@ def run_dump(args: object) -> int:
     if messages:
         line += f" · capture: {messages[0]}"
     print(line, flush=True)
+    if refused is not None:  # the target could not follow the golden run: unusable input
+        print(f"layerwatch dump: {refused}", file=sys.stderr)
+        return 2
     if code != 0:
         for text in child.log_tail(10):
             print(f"  | {text}", file=sys.stderr)

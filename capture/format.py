@@ -49,6 +49,11 @@ K_WEIGHT = "weight"
 """A parameter dumped once (``dump_weight``): ``name`` (``root.<module>.<param>``), ``node``,
 ``param``, ``dtype``, ``shape``, ``file``, ``begin``, ``end`` (same meaning as for tensors)."""
 
+K_FOLLOW = "follow"
+"""Teacher forcing (``DumpConfig.follow``): at ``token`` the target's own choice ``own_id``
+(argmax of its last-position logits, one per batch row) and ``fed_id``, the golden's next token
+that the returned logits forced instead. Readers that do not know the kind skip it."""
+
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
 

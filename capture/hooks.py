@@ -158,6 +158,13 @@ def register_hook(
         model.register_forward_hook(recorder.root_post, with_kwargs=True, always_call=True)
     )
     module_hooks = hooks[1:-1]
+    if config.golden is not None:  # after the capture's hooks: they copy the logits first
+        from .follow import Follower
+        from .handoff import LineItem
+
+        follower = Follower(config.golden, lambda obj: writer.queue.put([LineItem(obj)], 0))
+        hooks.append(model.register_forward_pre_hook(follower.pre, with_kwargs=True))
+        hooks.append(model.register_forward_hook(follower.post, with_kwargs=True))
     writer.start()
     handle = HookHandle(recorder, writer, hooks, writer.run_dir)
 

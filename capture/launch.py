@@ -14,6 +14,7 @@ signals the whole group and its descendants, then SIGKILLs what is left after a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from . import procs
 from .errors import LayerwatchError
+from .golden import read_golden
 from .tokens import parse_tokens
 
 ENV_SETTINGS = "LAYERWATCH_CAPTURE"
@@ -54,6 +56,8 @@ class CaptureOptions:
     last_logits: bool = False
     format: str = "layerwatch"
     seed: int | None = None
+    follow: str | None = None
+    """A golden layerwatch dump the child follows (teacher forcing), checked here first."""
 
     @classmethod
     def from_args(cls, args: object) -> CaptureOptions:
@@ -65,6 +69,12 @@ class CaptureOptions:
         )  # fmt: skip
         if opts.tokens:
             parse_tokens(opts.tokens)  # a bad spec fails here, in the launcher, in one line
+        follow = get("follow", None)
+        if follow:
+            if get("dumper", "layerwatch") == "msit":
+                raise LayerwatchError("--follow needs layerwatch's own capture, not --dumper msit")
+            golden = read_golden(follow).rank_dir.absolute()  # one line if unusable
+            opts = dataclasses.replace(opts, follow=str(golden))
         return opts
 
     def settings(self, out: Path) -> dict[str, object]:
@@ -79,6 +89,7 @@ class CaptureOptions:
             "dump_last_logits": self.last_logits,
             "format": self.format,
             "seed": self.seed,
+            "follow": self.follow,
             "capture_pkg": str(Path(__file__).resolve().parent),
         }
 

@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="layerwatch",
         help="msit: launch `msit llm dump` (Ascend ATB)",
     )
+    dump.add_argument(
+        "--follow",
+        metavar="GOLDEN_DUMP",
+        help="teacher forcing: feed the target the golden dump's token at every step",
+    )
     dump.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh")
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
