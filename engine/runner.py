@@ -62,6 +62,10 @@ def compare_main(args: argparse.Namespace) -> int:
         raise LayerwatchError(f"--jobs must be 0 (all cores) or more, not {jobs}")
     _check_path(args.golden, "golden")
     _check_path(args.target, "target")
+    from layerwatch.engine.logitscmp import compare_logits_main, is_logits_pair
+
+    if is_logits_pair(args.golden, args.target):  # msit logitscmp folders: per-case logits
+        return compare_logits_main(args)
     check_report_path(getattr(args, "output", None))
     progress = _Progress()
     progress.say("layerwatch compare: reading dumps", force=True)
