@@ -10,14 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .cases import case
     from .config import DumpConfig
     from .hooks import HookHandle, register_hook
     from .seed import seed_all
 
-__all__ = ["DumpConfig", "HookHandle", "register_hook", "seed_all"]
+__all__ = ["DumpConfig", "HookHandle", "case", "register_hook", "seed_all"]
 
 _EXPORTS = {
     "DumpConfig": "config",
+    "case": "cases",
     "HookHandle": "hooks",
     "register_hook": "hooks",
     "seed_all": "seed",

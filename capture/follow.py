@@ -92,8 +92,8 @@ class Follower:
                 f"target {_shown(got)}); --follow needs the same prompt and a loop that feeds "
                 "back the chosen token"
             )
-        if token + 1 >= len(golden):
-            return None  # the golden's last step: its choice was never fed back, so unknown
+        if token + 1 >= len(golden) or token + 1 in self.golden.case_starts:
+            return None  # the golden's last step (of a case): its choice was never fed back
         logits = _logits_of(output)
         if logits is None or logits.dim() == 0 or ids is None:
             self._say_once("follow: the root returned no float logits: tokens are not forced")

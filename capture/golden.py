@@ -21,6 +21,8 @@ class GoldenTokens:
 
     rank_dir: Path
     ids: tuple[tuple[int, ...], ...]
+    case_starts: frozenset[int] = frozenset()
+    """Tokens where a case (a new prompt) begins: the step before one is not forced."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -58,6 +60,7 @@ def read_golden(path: str | os.PathLike[str]) -> GoldenTokens:
     except OSError as exc:
         raise LayerwatchError(f"follow: cannot read {rank / fmt.INDEX}: {exc.strerror}") from None
     tokens: dict[int, tuple[int, ...]] = {}
+    starts: set[int] = set()
     for line in text.splitlines():
         if '"token"' not in line:
             continue
@@ -65,6 +68,10 @@ def read_golden(path: str | os.PathLike[str]) -> GoldenTokens:
             obj = json.loads(line)
         except ValueError:
             continue  # a torn last line: the reader skips it too
+        if isinstance(obj, dict) and obj.get("k") == fmt.K_CASE:
+            if isinstance(obj.get("token"), int):
+                starts.add(obj["token"])
+            continue
         if not isinstance(obj, dict) or obj.get("k") != fmt.K_TOKEN:
             continue
         ids = obj.get("input_ids")
@@ -84,4 +91,4 @@ def read_golden(path: str | os.PathLike[str]) -> GoldenTokens:
         raise LayerwatchError(
             f"follow: golden dump {rank} has no token line for token {missing[0]}"
         )
-    return GoldenTokens(rank, tuple(tokens[k] for k in range(len(tokens))))
+    return GoldenTokens(rank, tuple(tokens[k] for k in range(len(tokens))), frozenset(starts))

@@ -183,6 +183,9 @@ class LayerwatchReader(DirectoryReader):
                 )
             except (KeyError, TypeError, ValueError):
                 update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad token line")
+        elif kind in (lwf.K_CASE, lwf.K_CASE_END):
+            if isinstance(obj.get("token"), int) and obj.get("key") is not None:
+                update.case_marks.append((kind, str(obj["key"]), obj["token"]))
         elif kind == lwf.K_FOLLOW:
             own, fed = obj.get("own_id"), obj.get("fed_id")
             if own != fed:

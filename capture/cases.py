@@ -1,0 +1,145 @@
+"""Per-case capture: one dump over many prompts, each prompt a *case* the engine compares alone.
+
+A case is a span of tokens marked in the index: ``{"k":"case","key","token"}`` where it
+starts and ``{"k":"case_end","key","token"}`` (exclusive) where it ends. Token numbers stay
+global in the dump (nothing else in the format changes, so readers that ignore these lines see
+one long run); the engine renumbers each case from 0 (``engine/cases.py``).
+
+Cases come from ``with layerwatch.capture.cases.case(key):`` around any code, or by themselves
+from each top-level ``generate`` call of a captured model that has one (Hugging Face): the
+``n``-th call is case ``"n"``. A case opened inside another one is part of the outer case.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from . import format as fmt
+
+_MARKERS: list[CaseMarker] = []
+"""One per open capture (``register_hook``); ``case()`` marks all of them."""
+
+
+class CaseMarker:
+    """Writes one capture's case lines; knows the capture's next token number."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None], next_token: Callable[[], int]):
+        self.emit = emit
+        self.next_token = next_token
+        self.depth = 0
+        self.count = 0
+        """Cases opened so far: the key of an automatic (``generate``) case."""
+        self.open_key: str | None = None
+
+    def begin(self, key: object | None = None) -> None:
+        self.depth += 1
+        if self.depth > 1:
+            return
+        self.open_key = str(self.count if key is None else key)
+        self.count += 1
+        self.emit({"k": fmt.K_CASE, "key": self.open_key, "token": self.next_token()})
+
+    def end(self) -> None:
+        self.depth = max(0, self.depth - 1)
+        if self.depth == 0 and self.open_key is not None:
+            self.emit({"k": fmt.K_CASE_END, "key": self.open_key, "token": self.next_token()})
+            self.open_key = None
+
+    def started_in_call(self) -> None:
+        """Attached from inside the first ``generate`` (zero-code capture): it is case 0, and
+        it ends where the next case begins (its own end is never seen)."""
+        self.begin()
+        self.depth = 0  # already counted as ended: the next top-level call opens case 1
+
+
+def register(marker: CaseMarker) -> None:
+    _MARKERS.append(marker)
+
+
+def unregister(marker: CaseMarker) -> None:
+    if marker in _MARKERS:
+        _MARKERS.remove(marker)
+
+
+@contextmanager
+def case(key: object) -> Iterator[None]:
+    """Everything every open capture records inside this block belongs to case ``key``."""
+    markers = list(_MARKERS)
+    for m in markers:
+        m.begin(key)
+    try:
+        yield
+    finally:
+        for m in markers:
+            m.end()
+
+
+def wrap_generate(model: Any, marker: CaseMarker) -> Callable[[], None] | None:
+    """Make each top-level ``model.generate(...)`` a case; returns the undo, or ``None``."""
+    generate = getattr(model, "generate", None)
+    if not callable(generate) or "generate" in vars(model):
+        return None
+
+    @functools.wraps(generate)
+    def cased(*args: Any, **kwargs: Any) -> Any:
+        if marker.depth:  # inside a user's case(): part of it
+            return generate(*args, **kwargs)
+        marker.begin()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            marker.end()
+
+    model.generate = cased
+
+    def undo() -> None:
+        if vars(model).get("generate") is cased:
+            del model.generate
+
+    return undo
+
+
+class Registration:
+    """What ``register_hook`` keeps to undo per-case capture (it looks like a hook handle)."""
+
+    def __init__(self, marker: CaseMarker, undo: Callable[[], None] | None) -> None:
+        self.marker = marker
+        self.undo = undo
+
+    def remove(self) -> None:
+        unregister(self.marker)
+        if self.undo is not None:
+            self.undo()
+            self.undo = None
+
+
+def attach(model: Any, marker: CaseMarker, already_in_call: bool) -> Registration:
+    """Start per-case capture for one model (``register_hook`` calls this)."""
+    register(marker)
+    undo = wrap_generate(model, marker)
+    if undo is not None and already_in_call and _inside_generate(model):
+        marker.started_in_call()
+    return Registration(marker, undo)
+
+
+def _inside_generate(model: Any) -> bool:
+    """Whether the model's own ``generate`` is running on this thread's stack right now."""
+    func = getattr(type(model), "generate", None)
+    codes = set()
+    for _ in range(8):
+        code = getattr(func, "__code__", None)
+        if code is not None:
+            codes.add(code)
+        func = getattr(func, "__wrapped__", None)
+        if func is None:
+            break
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
