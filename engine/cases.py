@@ -60,7 +60,7 @@ def spans(marks: Sequence[tuple[str, str, int]]) -> list[CaseSpan]:
 
 def has_cases(*updates: ReaderUpdate) -> bool:
     """More than one case on some side: compare case by case."""
-    return any(len({key for kind, key, _ in u.case_marks if kind == CASE}) > 1 for u in updates)
+    return any(sum(1 for kind, _, _ in u.case_marks if kind == CASE) > 1 for u in updates)
 
 
 def slice_update(update: ReaderUpdate, span: CaseSpan) -> ReaderUpdate:
@@ -149,7 +149,9 @@ def compare_cases(
         finally:
             session.close()
         s = session.summary
-        verdict = "fail" if s.failed or s.error else ("pass" if results else "empty")
+        verdict = "fail" if s.failed or s.error else "diverged" if s.diverged else "pass"
+        if not results:
+            verdict = "empty"
         out.append(CaseResult(key, verdict, report, results))
     return out
 
