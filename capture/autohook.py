@@ -42,6 +42,7 @@ def config_from_settings(settings: dict[str, Any]) -> DumpConfig:
         dump_last_logits=bool(settings.get("dump_last_logits", False)),
         format=settings.get("format") or "layerwatch",
         follow=settings.get("follow") or None,
+        cases=settings.get("cases"),
     )
 
 

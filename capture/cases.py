@@ -25,29 +25,51 @@ _MARKERS: list[CaseMarker] = []
 
 
 class CaseMarker:
-    """Writes one capture's case lines; knows the capture's next token number."""
+    """Writes one capture's case lines; knows the capture's next token number.
 
-    def __init__(self, emit: Callable[[dict[str, Any]], None], next_token: Callable[[], int]):
+    ``selected`` (``DumpConfig.cases``): only these keys are captured; ``pause(True)`` stops
+    the capture of tokens outside them (they are still counted, so token numbers stay those
+    of the whole run).
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[dict[str, Any]], None],
+        next_token: Callable[[], int],
+        selected: frozenset[str] | None = None,
+        pause: Callable[[bool], None] | None = None,
+    ) -> None:
         self.emit = emit
         self.next_token = next_token
+        self.selected = selected
+        self.pause = pause
         self.depth = 0
         self.count = 0
         """Cases opened so far: the key of an automatic (``generate``) case."""
         self.open_key: str | None = None
+        if selected is not None and pause is not None:
+            pause(True)  # outside the listed cases nothing is captured
 
     def begin(self, key: object | None = None) -> None:
         self.depth += 1
         if self.depth > 1:
             return
-        self.open_key = str(self.count if key is None else key)
+        name = str(self.count if key is None else key)
         self.count += 1
-        self.emit({"k": fmt.K_CASE, "key": self.open_key, "token": self.next_token()})
+        if self.selected is not None and name not in self.selected:
+            return
+        self.open_key = name
+        if self.pause is not None:
+            self.pause(False)
+        self.emit({"k": fmt.K_CASE, "key": name, "token": self.next_token()})
 
     def end(self) -> None:
         self.depth = max(0, self.depth - 1)
         if self.depth == 0 and self.open_key is not None:
             self.emit({"k": fmt.K_CASE_END, "key": self.open_key, "token": self.next_token()})
             self.open_key = None
+            if self.selected is not None and self.pause is not None:
+                self.pause(True)
 
     def started_in_call(self) -> None:
         """Attached from inside the first ``generate`` (zero-code capture): it is case 0, and
@@ -143,3 +165,33 @@ def _inside_generate(model: Any) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def read_case_keys(source: object) -> frozenset[str]:
+    """The keys to capture: a list of keys, or a JSON file — ``layerwatch badcase --json``'s
+    object (its ``bad_cases``), a ``cases`` report, or a plain list. One line if unusable."""
+    import json
+    import os
+
+    from .errors import LayerwatchError
+
+    if isinstance(source, list | tuple | set | frozenset):
+        return frozenset(str(k) for k in source)
+    path = os.fsdecode(source)  # type: ignore[call-overload]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            obj = json.load(fh)
+    except OSError as exc:
+        raise LayerwatchError(f"cases: cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise LayerwatchError(f"cases: {path} is not JSON ({exc})") from None
+    rows = obj.get("bad_cases", obj.get("cases")) if isinstance(obj, dict) else obj
+    if not isinstance(rows, list):
+        raise LayerwatchError(
+            f"cases: {path} has no case list (expected layerwatch badcase --json output, "
+            "with bad_cases, or a JSON list of keys)"
+        )
+    keys = [r.get("key") if isinstance(r, dict) else r for r in rows]
+    if any(k is None or isinstance(k, dict | list) for k in keys):
+        raise LayerwatchError(f"cases: {path}: every case needs a key")
+    return frozenset(str(k) for k in keys)

@@ -25,6 +25,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from .cases import read_case_keys
 from .errors import LayerwatchError
 from .golden import GoldenTokens, read_golden
 from .tokens import TokenSelection
@@ -76,6 +77,10 @@ class DumpConfig:
     follow: str | os.PathLike[str] | None = None
     """A golden layerwatch dump to follow (teacher forcing): at each step the target is fed the
     golden's token (``capture/follow.py``). Read and checked here, before anything runs."""
+    cases: Any = None
+    """Per-case capture of only these cases: a list of keys, or a JSON file (``layerwatch
+    badcase --json``'s output: its ``bad_cases``). ``None``: every token."""
+    case_keys: frozenset[str] | None = field(init=False, repr=False, default=None)
     golden: GoldenTokens | None = field(init=False, repr=False, default=None)
     """``follow``'s token ids, per token."""
     tokens: TokenSelection = field(init=False, repr=False)
@@ -126,6 +131,8 @@ class DumpConfig:
             if not isinstance(self.follow, str | os.PathLike) or not str(self.follow):
                 raise LayerwatchError(f"follow must be a dump directory, got {self.follow!r}")
             self.golden = read_golden(self.follow)
+        if self.cases is not None:
+            self.case_keys = read_case_keys(self.cases)
 
     @property
     def path(self) -> Path:
@@ -168,6 +175,7 @@ class DumpConfig:
             "seed": self.seed,
             "format": self.format,
             "follow": None if self.golden is None else str(self.golden.rank_dir),
+            "cases": None if self.case_keys is None else sorted(self.case_keys),
         }
 
 

@@ -160,7 +160,9 @@ def register_hook(
     )
     module_hooks = hooks[1:-1]
     emit = lambda obj: writer.queue.put([LineItem(obj)], 0)  # noqa: E731 (one index line)
-    marker = cases.CaseMarker(emit, lambda: recorder.next_token)
+    marker = cases.CaseMarker(
+        emit, lambda: recorder.next_token, config.case_keys, partial(setattr, recorder, "paused")
+    )
     hooks.append(cases.attach(model, marker, already_in_call))  # removed with the hooks
     if config.golden is not None:  # after the capture's hooks: they copy the logits first
         from .follow import Follower

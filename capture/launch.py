@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
+from .cases import read_case_keys
 from .errors import LayerwatchError
 from .golden import read_golden
 from .tokens import parse_tokens
@@ -58,6 +59,8 @@ class CaptureOptions:
     seed: int | None = None
     follow: str | None = None
     """A golden layerwatch dump the child follows (teacher forcing), checked here first."""
+    cases: tuple[str, ...] | None = None
+    """Capture only these cases (``dump --cases FILE``), read here first."""
 
     @classmethod
     def from_args(cls, args: object) -> CaptureOptions:
@@ -75,6 +78,9 @@ class CaptureOptions:
                 raise LayerwatchError("--follow needs layerwatch's own capture, not --dumper msit")
             golden = read_golden(follow).rank_dir.absolute()  # one line if unusable
             opts = dataclasses.replace(opts, follow=str(golden))
+        if get("cases", None):
+            keys = tuple(sorted(read_case_keys(get("cases", None))))
+            opts = dataclasses.replace(opts, cases=keys)
         return opts
 
     def settings(self, out: Path) -> dict[str, object]:
@@ -90,6 +96,7 @@ class CaptureOptions:
             "format": self.format,
             "seed": self.seed,
             "follow": self.follow,
+            "cases": None if self.cases is None else list(self.cases),
             "capture_pkg": str(Path(__file__).resolve().parent),
         }
 

@@ -164,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GOLDEN_DUMP",
         help="teacher forcing: feed the target the golden dump's token at every step",
     )
+    dump.add_argument(
+        "--cases",
+        metavar="BADCASES.json",
+        help="capture only these cases (layerwatch badcase --json output, or a JSON list of keys)",
+    )
     dump.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh")
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 

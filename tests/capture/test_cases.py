@@ -110,3 +110,66 @@ def test_zero_code_capture_splits_generate_calls(tmp_path):
         (r["k"], r["key"], r["token"]) for r in index_records(tmp_path / "d") if "case" in r["k"]
     ]
     assert marks == [("case", "0", 0), ("case", "1", 3), ("case_end", "1", 6)]
+
+
+def test_only_the_listed_cases_are_captured(tmp_path):
+    _demo_cases(tmp_path / "g", None, ["a", "b", "c"])
+    bad = tmp_path / "bad.json"  # what `layerwatch badcase --json` prints
+    bad.write_text(json.dumps({"summary": {}, "bad_cases": [{"key": "b", "first_diff_token": 4}]}))
+    model = build_model(fault="rotary_swap", layers=4)
+    with register_hook(model, DumpConfig(dump_path=tmp_path / "t", cases=bad)) as h:
+        for i, key in enumerate(["a", "b", "c"]):
+            with case(key):
+                generate(model, make_prompt(6, seed=10 + i), 6 if i == 1 else 3)
+    lines = lwdump.index(h.run_dir)
+    assert {ln["token"] for ln in lines if ln["k"] == "t"} == set(range(3, 9))  # case b only
+    assert [(ln["k"], ln["key"]) for ln in lines if "case" in ln["k"]] == [
+        ("case", "b"), ("case_end", "b")
+    ]  # fmt: skip
+    report = json.loads(
+        layerwatch("compare", str(tmp_path / "g"), str(tmp_path / "t"), "--json").stdout
+    )
+    verdicts = {c["key"]: (c["verdict"], c["first_bad_token"]) for c in report["cases"]}
+    assert verdicts == {"a": ("unpaired", None), "b": ("fail", 4), "c": ("unpaired", None)}
+
+
+def test_dump_cases_from_the_command_line(tmp_path):
+    script = tmp_path / "infer.py"
+    script.write_text(
+        textwrap.dedent("""
+        from layerwatch.capture import case
+        from layerwatch.capture.demo import build_model, generate, make_prompt
+        model = build_model(layers=2)
+        for i, key in enumerate(["q1", "q2", "q3"]):
+            with case(key):
+                generate(model, make_prompt(4, seed=i), 2)
+    """)
+    )
+    (tmp_path / "keys.json").write_text('["q3"]')
+    out = tmp_path / "d"
+    proc = layerwatch(
+        "dump",
+        "--out",
+        str(out),
+        "--cases",
+        str(tmp_path / "keys.json"),
+        "--",
+        sys.executable,
+        str(script),
+    )
+    assert proc.returncode == 0, proc.stderr
+    recs = index_records(out)
+    assert {r["token"] for r in recs if r["k"] == "t"} == {4, 5}
+    (tmp_path / "broken.json").write_text('{"rows": 3}')
+    proc = layerwatch(
+        "dump",
+        "--out",
+        str(out),
+        "--cases",
+        str(tmp_path / "broken.json"),
+        "--",
+        sys.executable,
+        str(script),
+    )
+    assert proc.returncode == 2 and "no case list" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
