@@ -19,6 +19,8 @@ from .format import INDEX, K_END, K_ERROR, K_TENSOR, K_TOKEN
 from .launch import CaptureOptions, Child, LaunchSpec, default_grace
 
 EXIT_NOT_FOUND = 127
+FOLLOW_REFUSED = "follow: token "
+"""How ``capture/follow.py`` begins the line that stops a run whose input ids left the golden's."""
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -110,10 +112,10 @@ def run_dump(args: object) -> int:
     what = f"{tokens} tokens, {tensors} tensors" + (f" from {ranks} processes" if ranks > 1 else "")
     if ranks == 0 and spec.dumper == "layerwatch":
         what = "nothing captured (did it run a torch model in Python, without python -I/-S?)"
-    refused = next((m for m in messages if m.startswith("follow: ")), None)
     messages += [
         t[len("layerwatch: ") :] for t in child.log_tail(40) if t.startswith("layerwatch: ")
     ]
+    refused = next((m for m in messages if m.startswith(FOLLOW_REFUSED)), None)
     line = f"layerwatch dump: {child.describe()} · {what} in {spec.out}"
     if messages:
         line += f" · capture: {messages[0]}"
