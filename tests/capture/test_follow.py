@@ -144,3 +144,22 @@ def _index(path, text):
     rank.mkdir()
     (rank / "index.jsonl").write_text(text)
     return path
+
+
+def test_a_batch_of_prompts_is_followed_row_by_row(models, tmp_path):
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(5))
+
+    def rows(model):
+        with torch.no_grad():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, min_new_tokens=5,
+                do_sample=False, pad_token_id=0,
+            )  # fmt: skip
+        return [r[:-1] for r in out[:, 5:].tolist()]  # the last token is never forced
+
+    with register_hook(models[0], DumpConfig(dump_path=tmp_path / "g")):
+        golden = rows(models[0])
+    assert rows(models[1]) != golden
+    with register_hook(models[1], DumpConfig(dump_path=tmp_path / "t", follow=tmp_path / "g")) as h:
+        assert rows(models[1]) == golden
+    assert all(len(ln["fed_id"]) == 2 for ln in _follow_lines(h.run_dir))
