@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .cases import case
     from .config import DumpConfig
     from .hooks import HookHandle, register_hook
     from .manual import dump_data, dump_region, set_label
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DumpConfig",
     "HookHandle",
+    "case",
     "dump_data",
     "dump_region",
     "register_hook",
@@ -28,6 +30,7 @@ __all__ = [
 
 _EXPORTS = {
     "DumpConfig": "config",
+    "case": "cases",
     "HookHandle": "hooks",
     "register_hook": "hooks",
     "seed_all": "seed",

@@ -42,6 +42,8 @@ def config_from_settings(settings: dict[str, Any]) -> DumpConfig:
         dump_last_logits=bool(settings.get("dump_last_logits", False)),
         format=settings.get("format") or "layerwatch",
         keep_tokens=settings.get("keep_tokens"),
+        follow=settings.get("follow") or None,
+        cases=settings.get("cases"),
     )
 
 

@@ -20,6 +20,8 @@ from .format import INDEX, K_END, K_ERROR, K_TENSOR, K_TOKEN
 from .launch import CaptureOptions, Child, LaunchSpec, default_grace
 
 EXIT_NOT_FOUND = 127
+FOLLOW_REFUSED = "follow: token "
+"""How ``capture/follow.py`` begins the line that stops a run whose input ids left the golden's."""
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -124,10 +126,14 @@ def run_dump(args: object, tick: Callable[[Path], Callable[[], bool]] | None = N
     messages += [
         t[len("layerwatch: ") :] for t in child.log_tail(40) if t.startswith("layerwatch: ")
     ]
+    refused = next((m for m in messages if m.startswith(FOLLOW_REFUSED)), None)
     line = f"layerwatch dump: {child.describe()} · {what} in {spec.out}"
     if messages:
         line += f" · capture: {messages[0]}"
     print(line, flush=True)
+    if refused is not None:  # the target could not follow the golden run: unusable input
+        print(f"layerwatch dump: {refused}", file=sys.stderr)
+        return 2
     if code != 0 and child.stopped_by is None:  # we stopped it: its traceback is ours
         for text in child.log_tail(10):
             print(f"  | {text}", file=sys.stderr)

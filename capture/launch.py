@@ -14,6 +14,7 @@ signals the whole group and its descendants, then SIGKILLs what is left after a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -24,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
+from .cases import read_case_keys
 from .errors import LayerwatchError
+from .golden import read_golden
 from .tokens import parse_tokens
 
 ENV_SETTINGS = "LAYERWATCH_CAPTURE"
@@ -56,6 +59,10 @@ class CaptureOptions:
     seed: int | None = None
     keep_tokens: int | None = None
     """``--stats-first [--keep-tokens N]``: statistics of everything, payloads of a ring."""
+    follow: str | None = None
+    """A golden layerwatch dump the child follows (teacher forcing), checked here first."""
+    cases: tuple[str, ...] | None = None
+    """Capture only these cases (``dump --cases FILE``), read here first."""
 
     @classmethod
     def from_args(cls, args: object) -> CaptureOptions:
@@ -73,6 +80,15 @@ class CaptureOptions:
                 "--stats-first needs tensors in the layerwatch format: "
                 "drop --stats-only/--format msit"
             )
+        follow = get("follow", None)
+        if follow:
+            if get("dumper", "layerwatch") == "msit":
+                raise LayerwatchError("--follow needs layerwatch's own capture, not --dumper msit")
+            golden = read_golden(follow).rank_dir.absolute()  # one line if unusable
+            opts = dataclasses.replace(opts, follow=str(golden))
+        if get("cases", None):
+            keys = tuple(sorted(read_case_keys(get("cases", None))))
+            opts = dataclasses.replace(opts, cases=keys)
         return opts
 
     def settings(self, out: Path) -> dict[str, object]:
@@ -88,6 +104,8 @@ class CaptureOptions:
             "format": self.format,
             "seed": self.seed,
             "keep_tokens": self.keep_tokens,
+            "follow": self.follow,
+            "cases": None if self.cases is None else list(self.cases),
             "capture_pkg": str(Path(__file__).resolve().parent),
         }
 

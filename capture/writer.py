@@ -27,7 +27,7 @@ from . import format as fmt
 from . import keep
 from .config import DumpConfig
 from .errors import LayerwatchError
-from .handoff import Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
+from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
 from .index_lines import tensor_line
 from .safetensors_file import (
     DTYPE_NAMES,
@@ -171,6 +171,8 @@ class LayerwatchWriter(WriterThread):
                 )
             elif kind is TopologyItem:
                 self.topology = with_order(self.topology, it.order)
+            elif kind is LineItem:
+                lines.append(fmt.encode_line(it.obj))
         self.tensors_written += len(fresh)
         self.append_index("".join(lines))
         if self.ring is not None:

@@ -171,6 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="layerwatch",
         help="msit: launch `msit llm dump` (Ascend ATB)",
     )
+    dump.add_argument(
+        "--follow",
+        metavar="GOLDEN_DUMP",
+        help="teacher forcing: feed the target the golden dump's token at every step",
+    )
+    dump.add_argument(
+        "--cases",
+        metavar="BADCASES.json",
+        help="capture only these cases (layerwatch badcase --json output, or a JSON list of keys)",
+    )
     dump.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh")
     dump.add_argument(
         "--scan",
