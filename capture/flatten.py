@@ -27,7 +27,6 @@ _INPUT_STEMS = tuple(f"input_{i}" for i in range(16))
 
 
 _SCALARS = frozenset({type(None), bool, int, float, str})
-_CONTAINERS = frozenset({list, tuple, dict})
 _WALKABLE: dict[type, bool] = {}
 
 
