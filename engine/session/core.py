@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from layerwatch.capture.tokens import TokenSelection
@@ -35,17 +34,6 @@ from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
 from layerwatch.engine.session.state import SIDES, SessionState
 
 
-@dataclass(slots=True)
-class _Pair:
-    gkey: TensorKey
-    tkey: TensorKey
-    logits: bool = False
-    raw: PairResult | None = None
-    """What the compare function returned (before divergence is applied)."""
-    eff: PairResult | None = None
-    """What the session reports: ``raw`` with divergence, order and block applied."""
-
-
 class CompareSession(SessionState):
     """Pairs golden and target tensors, compares them, keeps first failure, root cause, cells."""
 
@@ -59,7 +47,6 @@ class CompareSession(SessionState):
         *,
         auto_map: bool | None = None,
         compare: CompareFn | None = None,
-        big_bytes: int = 1 << 21,
         side_stats: bool = False,
     ) -> None:
         super().__init__()
@@ -78,7 +65,7 @@ class CompareSession(SessionState):
         self._token_filter = self.tokens != TokenSelection.everything()
         self.sink = sink
         self.pairer = Pairer(mapping, auto_map)
-        self.runner = JobRunner(compare, thresholds, jobs, big_bytes)
+        self.runner = JobRunner(compare, thresholds, jobs)
         self.runner.side_stats = side_stats  # statistics of stat-less records (CSV columns)
         self._flush_lock = threading.Lock()
         self._reuse: dict[tuple[object, ...], PairResult] = {}

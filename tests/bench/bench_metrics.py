@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from layerwatch.engine.numerics.arrays import compare_arrays
 from layerwatch.engine.numerics.compare import compare_pair
-from layerwatch.engine.numerics.metrics import compare_arrays
 from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import Locator, TensorKey, TensorRecord
 
