@@ -34,7 +34,7 @@ MiB = 1 << 20
 
 @dataclass
 class DumpConfig:
-    """What to dump. Field names and meanings follow msit's ``DumpConfig`` (msit.md §1.1)."""
+    """What to dump. Field names and meanings follow msit's ``DumpConfig``."""
 
     dump_path: str | os.PathLike[str] = "./"
     """Root directory; layerwatch writes ``{dump_path}/{device}_{pid}/``, msit format

@@ -1,6 +1,6 @@
 """``format="msit"``: msit's torch dump layout, so ``msit llm compare`` can read our dumps.
 
-Layout (msit.md §1.2)::
+Layout (msit's)::
 
     {dump_path}/msit_dump_{YYYYMMDD_HHMMSS}/torch_tensors/{device}_{pid}/
       model_tree.json                         nested {"name", "type", "children"}

@@ -4,7 +4,7 @@
 which token (``start_token``, 0 = prefill) and how. Strengths were chosen so that the broken
 operator's output is clearly off (cosine well below 0.999, or a large relative error when the
 fault only rescales) without being absurd; the measured figures are in
-``tests/capture/test_demo.py`` and /work/team/notes/CAPTURE.md.
+``tests/capture/test_demo.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-pair metrics in one streaming float64 pass (DESIGN §5), in bounded memory.
+"""Per-pair metrics in one streaming float64 pass, in bounded memory.
 
 :class:`MetricAccumulator` is fed golden/target chunks in C order and keeps only scalar
 float64 sums, so a multi-GB pair compares in the memory of one chunk. Every chunk is cut
