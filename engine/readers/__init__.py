@@ -8,6 +8,8 @@ holds one ``msit_dump_{timestamp}`` per run — with exactly one it is used, wit
 :func:`resolve` refuses and lists them (comparing the wrong runs is worse than typing a name;
 the live pipeline, which follows a dump being written, takes the newest instead).
 No torch import anywhere here: ``.pth`` files are parsed by :mod:`.pth`.
+The lowest engine layer: from the rest of the engine only ``records`` is imported
+(``tests/test_layering.py``).
 """
 
 from __future__ import annotations
