@@ -171,7 +171,7 @@ def _types(value: object) -> tuple[type, ...]:
         return ()
     items = (value,) if isinstance(value, type) else value
     try:
-        types = tuple(items)  # type: ignore[arg-type]
+        types: tuple[type, ...] = tuple(items)  # type: ignore[arg-type]
     except TypeError:
         raise LayerwatchError(
             f"module_list must be a list of module classes, got {value!r}"
@@ -187,7 +187,7 @@ def _globs(value: object) -> tuple[str, ...] | None:
         return None
     items = (value,) if isinstance(value, str) else value
     try:
-        globs = tuple(items)  # type: ignore[arg-type]
+        globs: tuple[str, ...] = tuple(items)  # type: ignore[arg-type]
     except TypeError:
         raise LayerwatchError(
             f"layer_name must be a glob or a list of globs, got {value!r}"

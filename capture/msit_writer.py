@@ -130,9 +130,9 @@ class MsitWriter(WriterThread):
         it.done = True
 
     def _resolve(self, touched: set[Path]) -> None:
-        ready = [d for d in self.deferred if d.alias.done]
+        ready = [d for d in self.deferred if d.alias is not None and d.alias.done]
         if ready:
-            self.deferred = [d for d in self.deferred if not d.alias.done]
+            self.deferred = [d for d in self.deferred if d.alias is None or not d.alias.done]
             for it in ready:
                 self._tensor(it, touched)
 

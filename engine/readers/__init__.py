@@ -15,6 +15,7 @@ The lowest engine layer: from the rest of the engine only ``records`` is importe
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +115,12 @@ def open_dump(
             "an msit torch dump (model_tree.json, torch_tensors/), an ATB dump (tensors/) "
             "or an msprobe dump (dump.json)"
         )
-    readers = {"layerwatch": LayerwatchReader, "msit": MsitReader, "atb": AtbReader}
-    readers["msprobe"] = MsprobeReader
+    readers: dict[str, Callable[..., DumpReader]] = {
+        "layerwatch": LayerwatchReader,
+        "msit": MsitReader,
+        "atb": AtbReader,
+        "msprobe": MsprobeReader,
+    }
     if kind not in readers:
         raise LayerwatchError(f"unknown dump format {kind!r}: use one of {', '.join(FORMATS)}")
     try:

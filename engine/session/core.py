@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from layerwatch.capture.tokens import TokenSelection
 from layerwatch.engine.records import PairResult, TensorKey, TensorRecord, Topology, Verdict
@@ -237,9 +238,10 @@ class CompareSession(SessionState):
 
     def explain(self, result: PairResult) -> PairDetail:
         from layerwatch.engine.numerics.explain import explain
+        from layerwatch.engine.numerics.thresholds import Thresholds
 
         inputs = self.inputs_of(result)  # takes the lock briefly; loading happens without it
-        return explain(result, self.thresholds, inputs)
+        return explain(result, cast("Thresholds", self.thresholds), inputs)
 
     # --- internals -------------------------------------------------------------------------
     def _aligned(self, item: Work) -> Work:
@@ -419,7 +421,7 @@ class CompareSession(SessionState):
         return None
 
     def _unpaired_results(self) -> list[PairResult]:
-        out = []
+        out: list[PairResult] = []
         if self._finished["target"]:
             out.extend(self._unpaired("golden", k) for k in self._gonly)
         if self._finished["golden"]:
