@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from types import FrameType
 from typing import Any
 
 import torch
@@ -77,7 +78,7 @@ def _call_kwargs(module: torch.nn.Module) -> dict[str, Any] | None:
     """The keyword arguments of the call now starting, read from torch's ``_call_impl`` frame
     (a global pre-hook only receives positional ones). ``None`` if this torch differs: the
     capture then reads them at the end of the call instead."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(4):
         if frame is None:
             return None

@@ -16,6 +16,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from . import format as fmt
@@ -159,7 +160,7 @@ def _inside_generate(model: Any) -> bool:
         func = getattr(func, "__wrapped__", None)
         if func is None:
             break
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code in codes:
             return True
@@ -177,7 +178,9 @@ def read_case_keys(source: object) -> frozenset[str]:
 
     if isinstance(source, list | tuple | set | frozenset):
         return frozenset(str(k) for k in source)
-    path = os.fsdecode(source)  # type: ignore[call-overload]
+    if not isinstance(source, str | bytes | os.PathLike):
+        raise LayerwatchError(f"cases must be a list of keys or a JSON file, got {source!r}")
+    path = os.fsdecode(source)
     try:
         with open(path, encoding="utf-8") as fh:
             obj = json.load(fh)

@@ -36,7 +36,7 @@ MiB = 1 << 20
 
 @dataclass
 class DumpConfig:
-    """What to dump. Field names and meanings follow msit's ``DumpConfig`` (msit.md §1.1)."""
+    """What to dump. Field names and meanings follow msit's ``DumpConfig``."""
 
     dump_path: str | os.PathLike[str] = "./"
     """Root directory; layerwatch writes ``{dump_path}/{device}_{pid}/``, msit format
@@ -207,7 +207,7 @@ def _types(value: object) -> tuple[type, ...]:
         return ()
     items = (value,) if isinstance(value, type) else value
     try:
-        types = tuple(items)  # type: ignore[arg-type]
+        types: tuple[type, ...] = tuple(items)  # type: ignore[arg-type]
     except TypeError:
         raise LayerwatchError(
             f"module_list must be a list of module classes, got {value!r}"
@@ -223,7 +223,7 @@ def _globs(value: object) -> tuple[str, ...] | None:
         return None
     items = (value,) if isinstance(value, str) else value
     try:
-        globs = tuple(items)  # type: ignore[arg-type]
+        globs: tuple[str, ...] = tuple(items)  # type: ignore[arg-type]
     except TypeError:
         raise LayerwatchError(
             f"layer_name must be a glob or a list of globs, got {value!r}"

@@ -48,11 +48,11 @@ def supervise(
                 child.send(signal.SIGINT)
                 kill_at = time.monotonic() + grace
             while received:
-                sig = received.pop(0)
-                if kill_at is not None and sig == signal.SIGINT:
+                signum = received.pop(0)
+                if kill_at is not None and signum == signal.SIGINT:
                     kill_at = time.monotonic()  # a second Ctrl-C: no more patience
                     break
-                child.send(sig)
+                child.send(signum)
                 kill_at = kill_at or time.monotonic() + grace
             if kill_at is not None and time.monotonic() >= kill_at:
                 child.stop(signal.SIGKILL, 0)

@@ -1,6 +1,6 @@
 """Turn a module's arguments and return value into ``(stem, tensor)`` pairs.
 
-Stems are msit's file stems, extended to what msit cannot see (TEAM.md "Names and keys"):
+Stems are msit's file stems, extended to what msit cannot see (ARCHITECTURE.md, "Names"):
 
 * positional inputs ``input_0``, ``input_1``; nested tuples/lists ``input_1_0`` (recursive
   ``_{i}`` like msit); keyword inputs ``input_<name>`` / ``input_<name>_0``;
@@ -27,7 +27,6 @@ _INPUT_STEMS = tuple(f"input_{i}" for i in range(16))
 
 
 _SCALARS = frozenset({type(None), bool, int, float, str})
-_CONTAINERS = frozenset({list, tuple, dict})
 _WALKABLE: dict[type, bool] = {}
 
 

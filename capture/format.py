@@ -152,11 +152,6 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def decode_stat(value: Any) -> float:
-    """Inverse of the NaN/Inf-as-string encoding in :func:`encode_line`."""
-    return float(value)
-
-
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON to ``path`` through a temp file and a rename, so readers never see half of it."""
     with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:

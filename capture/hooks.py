@@ -134,7 +134,9 @@ def register_hook(
         from .handoff import StreamEvent
 
         recorder.stream_event = StreamEvent
-    hooks = [model.register_forward_pre_hook(recorder.root_pre, with_kwargs=True, prepend=True)]
+    hooks: list[Any] = [  # torch hook handles and cases.Registration: each has remove()
+        model.register_forward_pre_hook(recorder.root_pre, with_kwargs=True, prepend=True)
+    ]
     root_type = type(model).__name__
     root_inputs = False
     for name, module in named_nodes(model):

@@ -361,10 +361,3 @@ def diagnose(tail: Sequence[str]) -> str:
         if needle in text:
             return why
     return tail[-1].strip()[:200] if tail else ""
-
-
-def dump_main(args: object) -> int:
-    """``layerwatch dump`` (the CLI dispatches here)."""
-    from .dumpcmd import run_dump
-
-    return run_dump(args)

@@ -1,6 +1,6 @@
 """``format="msit"``: msit's torch dump layout, so ``msit llm compare`` can read our dumps.
 
-Layout (msit.md §1.2)::
+Layout (msit's)::
 
     {dump_path}/msit_dump_{YYYYMMDD_HHMMSS}/torch_tensors/{device}_{pid}/
       model_tree.json                         nested {"name", "type", "children"}
@@ -130,9 +130,9 @@ class MsitWriter(WriterThread):
         it.done = True
 
     def _resolve(self, touched: set[Path]) -> None:
-        ready = [d for d in self.deferred if d.alias.done]
+        ready = [d for d in self.deferred if d.alias is not None and d.alias.done]
         if ready:
-            self.deferred = [d for d in self.deferred if not d.alias.done]
+            self.deferred = [d for d in self.deferred if d.alias is None or not d.alias.done]
             for it in ready:
                 self._tensor(it, touched)
 

@@ -1,4 +1,4 @@
-"""``seed_all(seed)``: msit's reproducibility switch (msit.md §1.1), safe on a CPU-only machine.
+"""``seed_all(seed)``: msit's reproducibility switch, safe on a CPU-only machine.
 
 Seeds Python, NumPy and torch (and CUDA / Ascend NPU when they are present), sets
 ``PYTHONHASHSEED``, asks torch for deterministic algorithms (``warn_only=True``: an operator

@@ -30,7 +30,6 @@ import torch
 Tensor = torch.Tensor
 StatsRow = tuple[float, float, float, float, int, int]
 """``(max, min, mean, norm, nan, inf)``."""
-STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
 SMALL = 1 << 15
 """Tensors with fewer elements than this are reduced together in one segmented pass."""
 _NAN = float("nan")
@@ -190,7 +189,3 @@ def exact_stats(t: Tensor) -> StatsRow:
         nan,
         inf,
     )
-
-
-def as_dict(row: StatsRow) -> dict[str, float]:
-    return dict(zip(STAT_KEYS, row, strict=True))

@@ -1,6 +1,6 @@
 """The module tree of a captured model: ``topology.json`` (ours) and ``model_tree.json`` (msit's).
 
-``topology.json`` (TEAM.md): ``{"format": "layerwatch-topology", "version": 1, "root": "root",
+``topology.json`` (ARCHITECTURE.md, the dump format): ``{"format": "layerwatch-topology", "version": 1, "root": "root",
 "nodes": [{"name", "type", "parent", "order", "params": {local name: fingerprint}}]}`` with nodes
 in declaration order, ``order`` = completion order at the first dumped token (-1 until known),
 and ``params`` = fingerprints of each module's *direct* parameters (the fields of

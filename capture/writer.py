@@ -133,8 +133,8 @@ class LayerwatchWriter(WriterThread):
             it.done = True
         lines: list[str] = []
         if self.deferred:
-            ready = [d for d in self.deferred if d.alias.done]
-            self.deferred = [d for d in self.deferred if not d.alias.done]
+            ready = [d for d in self.deferred if d.alias is not None and d.alias.done]
+            self.deferred = [d for d in self.deferred if d.alias is None or not d.alias.done]
             lines.extend(tensor_line(d) for d in ready)
         for it in items:
             kind = type(it)

@@ -165,7 +165,7 @@ def report_object(cases: Sequence[LogitsCase]) -> dict[str, Any]:
     counts = {v.value: sum(1 for r in rows if r.verdict is v) for v in Verdict}
     bad = [case for case in cases if case.first_bad is not None]
     first = min(
-        (case.first_bad for case in bad),  # type: ignore[misc]
+        (case.first_bad for case in bad if case.first_bad is not None),
         key=lambda r: (r.token, _order(r.key)),
         default=None,
     )

@@ -154,12 +154,12 @@ class Scanner:
                 stats = get_stats(rec)
                 if stats is None:
                     continue
-                kinds = set(anomaly.own_kinds(stats, rec.dtype))
+                own = set(anomaly.own_kinds(stats, rec.dtype))
                 if _is_mask(rec.key.stem):
-                    kinds.discard(anomaly.SATURATED)  # finfo.min is what masks hold
+                    own.discard(anomaly.SATURATED)  # finfo.min is what masks hold
                 else:
                     in_stats.append(stats)
-                in_kinds |= kinds
+                in_kinds |= own
             elif anomaly.is_float(rec.dtype):  # integer/bool/complex outputs are not judged
                 stats = get_stats(rec)
                 if stats is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
 
-from layerwatch.engine.records import GRID_METRICS, PairResult, Stats, Verdict
+from layerwatch.engine.records import PairResult, Stats, Verdict
 
 
 class CellState(IntEnum):
@@ -268,6 +268,3 @@ class ComparisonSource(Protocol):
         """Write the report as ``layerwatch compare -o`` does (``.csv``, ``.json`` or ``.jsonl``
         by suffix; any other suffix raises ``LayerwatchError``)."""
         ...
-
-
-GRID_METRIC_COUNT = len(GRID_METRICS)

@@ -3,7 +3,7 @@
 Threads never touch widgets: the engine fills ``source.sink`` from its own thread, one
 10-20 Hz timer here drains it and applies a whole tick's cells in one vectorised call (a
 queue drained by a timer applied 20 000 cells in 36 ms where per-cell messages froze the UI
-for 1.5 s, tui.md §2). Drill-down queries run in thread workers that post messages back.
+for 1.5 s). Drill-down queries run in thread workers that post messages back.
 """
 
 from __future__ import annotations

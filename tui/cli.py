@@ -19,7 +19,7 @@ SIDES = ("golden", "target")
 
 _HANDLERS: dict[str, str] = {
     "demo": "layerwatch.tui.demo:demo_main",
-    "dump": "layerwatch.capture.launch:dump_main",
+    "dump": "layerwatch.capture.dumpcmd:run_dump",
     "run": "layerwatch.tui.frontends:run_main",
     "watch": "layerwatch.tui.frontends:watch_main",
     "open": "layerwatch.tui.frontends:open_main",

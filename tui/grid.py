@@ -1,7 +1,7 @@
 """The token × block grid: a Line-API ScrollView that draws only the visible cells.
 
 A DataTable re-renders every row across every column after any cell update (2–4 s at
-1 000 × 300, tui.md §1); here ``render_line`` looks up precomputed texts and styles for the
+1 000 × 300, measured); here ``render_line`` looks up precomputed texts and styles for the
 visible slice of one numpy row, and strips are cached per row version. Line 0 is the sticky
 block header and every line starts with the sticky token label. Horizontal scrolling moves
 by whole columns (``validate_scroll_x`` snaps), so a cell is never cut in half.

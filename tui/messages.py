@@ -2,7 +2,7 @@
 
 Worker threads only ever ``post_message`` one of these (thread-safe); handlers on the UI
 thread own every change to widgets. Result batches are *not* messages: they are drained
-from the source's queue by one timer (per-cell messages froze the UI for 1.5 s, tui.md §2).
+from the source's queue by one timer (per-cell messages froze the UI for 1.5 s).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ the program running as if nothing had happened.
 
 from __future__ import annotations
 
+import importlib.machinery  # loaded by site before this file runs: costs nothing
 import os
 import sys
 
@@ -48,7 +49,9 @@ class _TorchTrigger:
     """A meta-path finder that answers nothing but notices ``import torch`` (once): it wraps
     the real loader's ``exec_module`` so that :func:`_on_torch` runs right after it."""
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+    def find_spec(
+        self, name: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if name != "torch":
             return None
         if self in sys.meta_path:
@@ -81,7 +84,9 @@ class _CaptureFinder:
     def __init__(self, pkg_dir: str) -> None:
         self.pkg_dir = pkg_dir
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+    def find_spec(
+        self, name: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         import importlib.machinery
         import importlib.util
 

@@ -4,16 +4,20 @@
 which token (``start_token``, 0 = prefill) and how. Strengths were chosen so that the broken
 operator's output is clearly off (cosine well below 0.999, or a large relative error when the
 fault only rescales) without being absurd; the measured figures are in
-``tests/capture/test_demo.py`` and /work/team/notes/CAPTURE.md.
+``tests/capture/test_demo.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import LayerwatchError
+
+if TYPE_CHECKING:
+    from .model import Transformer
 
 
 @dataclass(frozen=True)
@@ -89,19 +93,23 @@ def get_fault(name: str) -> Fault:
     return fault
 
 
-def apply_fault(model: torch.nn.Module, name: str) -> Fault:
+def apply_fault(model: Transformer, name: str) -> Fault:
     """Arm fault ``name`` in ``model`` (a demo ``Transformer``, still in float32)."""
     fault = get_fault(name)
-    n_layers = len(model.layers)  # type: ignore[arg-type]
+    n_layers = len(model.layers)
     if fault.layer >= n_layers:
         raise LayerwatchError(
             f"fault {name} breaks layer {fault.layer}: use --layers {fault.layer + 1} or more"
         )
+    from .model import Faultable, Linear
+
     module = model.get_submodule(fault.node.removeprefix("root."))
+    assert isinstance(module, Faultable)  # every fault names a Faultable operator
     module.fault = fault
     if fault.noise:
+        assert isinstance(module, Linear)  # only a Linear's weight takes noise
         weight = module.weight.detach()
-        gen = torch.Generator().manual_seed(model.cfg.seed + 1)  # type: ignore[union-attr]
+        gen = torch.Generator().manual_seed(model.cfg.seed + 1)
         module.noise = torch.randn(weight.shape, generator=gen) * (
             fault.noise * float(weight.float().std())
         )

@@ -67,13 +67,15 @@ class Faultable(nn.Module):
 class Linear(Faultable):
     """``nn.Linear`` without bias (type name ``Linear``); the noisy-weight fault adds noise."""
 
+    noise: torch.Tensor | None
+
     def __init__(self, ctx: Ctx, fan_in: int, fan_out: int) -> None:
         super().__init__(ctx)
         self.weight = nn.Parameter(torch.empty(fan_out, fan_in))
         self.register_buffer("noise", None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
+        weight: torch.Tensor = self.weight
         if self.faulty() and self.noise is not None:
             weight = weight + self.noise
         return F.linear(x, weight)
@@ -102,6 +104,8 @@ def rotate_half(x: torch.Tensor, swapped: bool = False) -> torch.Tensor:
 class RotaryEmbedding(Faultable):
     """Hugging Face's rotate-half RoPE on (q, k); the rotary fault swaps the halves."""
 
+    inv_freq: torch.Tensor
+
     def __init__(self, ctx: Ctx, head_dim: int, theta: float) -> None:
         super().__init__(ctx)
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
@@ -121,6 +125,9 @@ class RotaryEmbedding(Faultable):
 class KVCache(Faultable):
     """Appends this step's keys/values and returns all of them; the fault writes one slot early."""
 
+    k: torch.Tensor | None
+    v: torch.Tensor | None
+
     def __init__(self, ctx: Ctx, max_seq_len: int) -> None:
         super().__init__(ctx)
         self.max_seq_len = max_seq_len
@@ -130,15 +137,16 @@ class KVCache(Faultable):
     def forward(
         self, k: torch.Tensor, v: torch.Tensor, start_pos: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if start_pos == 0 or self.k is None:
+        keys, values = self.k, self.v
+        if start_pos == 0 or keys is None or values is None:
             shape = (k.shape[0], k.shape[1], self.max_seq_len, k.shape[3])
-            self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
+            keys = self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            values = self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
         end = start_pos + k.shape[2]
         slot = start_pos - 1 if self.faulty() and start_pos > 0 else start_pos
-        self.k[:, :, slot : slot + k.shape[2]] = k
-        self.v[:, :, slot : slot + v.shape[2]] = v
-        return self.k[:, :, :end], self.v[:, :, :end]
+        keys[:, :, slot : slot + k.shape[2]] = k
+        values[:, :, slot : slot + v.shape[2]] = v
+        return keys[:, :, :end], values[:, :, :end]
 
 
 class AttentionScores(nn.Module):
@@ -264,6 +272,8 @@ def init_weights(model: Transformer) -> None:
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[1]))
         if 0 <= cfg.sharp_layer < cfg.n_layers:
-            attn = model.layers[cfg.sharp_layer].attention
+            block = model.layers[cfg.sharp_layer]
+            assert isinstance(block, TransformerBlock)
+            attn = block.attention
             attn.wq.weight.mul_(1.5)
             attn.wk.weight.mul_(1.5)

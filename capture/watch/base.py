@@ -76,7 +76,8 @@ class _Handler(FileSystemEventHandler):
 class Watcher:
     """Base class: subclasses only say which watchdog observer to use (:meth:`_new_observer`)."""
 
-    kind: ClassVar[str] = "base"
+    kind: str = "base"
+    """Class default; an inotify watcher that falls back to polling says so on its instance."""
     watch_parent_while_waiting: ClassVar[bool] = False
     """Wake on the parent's directory events while the dump dir does not exist (inotify only)."""
     backstop_scan: ClassVar[bool] = False

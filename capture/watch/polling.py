@@ -33,7 +33,13 @@ from watchdog.events import (
     FileMovedEvent,
     FileSystemEvent,
 )
-from watchdog.observers.api import DEFAULT_OBSERVER_TIMEOUT, BaseObserver, EventEmitter
+from watchdog.observers.api import (
+    DEFAULT_OBSERVER_TIMEOUT,
+    BaseObserver,
+    EventEmitter,
+    EventQueue,
+    ObservedWatch,
+)
 
 RACY_S = 2.0
 FULL_S = 10.0
@@ -56,8 +62,13 @@ class _Dir:
 
 class IncrementalPollingEmitter(EventEmitter):
     def __init__(
-        self, event_queue, watch, *, timeout=DEFAULT_OBSERVER_TIMEOUT, event_filter=None
-    ) -> None:  # type: ignore[no-untyped-def]
+        self,
+        event_queue: EventQueue,
+        watch: ObservedWatch,
+        *,
+        timeout: float = DEFAULT_OBSERVER_TIMEOUT,
+        event_filter: list[type[FileSystemEvent]] | None = None,
+    ) -> None:
         super().__init__(event_queue, watch, timeout=timeout, event_filter=event_filter)
         self._dirs: dict[str, _Dir] = {}
         self._lock = threading.Lock()

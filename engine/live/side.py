@@ -19,12 +19,16 @@ import queue
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from layerwatch.capture.arrivals import Arrival, ArrivalKind
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.capture.launch import Child, LaunchSpec
 from layerwatch.engine.readers import DumpReader, ReaderUpdate, detect, msit_runs, open_dump
 from layerwatch.engine.seam import RunStatus
+
+if TYPE_CHECKING:
+    from layerwatch.capture.watch.base import Watcher
 
 QUIET_S = 0.25
 """After a launched command exits: wait this long for the watcher to go quiet (or 2 s)."""
@@ -70,7 +74,7 @@ class LiveSide:
         self.name = name
         self.spec = spec
         self.child = Child(spec.launch) if spec.launch is not None else None
-        self.watcher = None
+        self.watcher: Watcher | None = None
         self.reader: DumpReader | None = None
         self.finished = False
         self.notes: list[str] = []
@@ -85,7 +89,7 @@ class LiveSide:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(
-        self, arrivals: queue.SimpleQueue[Arrival], *, poll: bool | None, interval: float
+        self, arrivals: queue.SimpleQueue[Arrival | None], *, poll: bool | None, interval: float
     ) -> None:
         """Launch the command (raises :class:`LayerwatchError` if it cannot start), then watch."""
         if self.child is not None:
@@ -203,7 +207,7 @@ class LiveSide:
     def _final(self) -> list[ReaderUpdate]:
         """The writer is done: last scan of the directory, then one full poll of the reader."""
         self.finished = True
-        incomplete = self.watcher.final_scan() if self.watcher is not None else {}
+        incomplete: dict[Path, str] = self.watcher.final_scan() if self.watcher is not None else {}
         if self.reader is None:
             self._try_open()
         if self.reader is None:

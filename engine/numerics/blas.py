@@ -60,7 +60,7 @@ def blas_threads() -> int | None:
 
 def _openblas() -> list[ctypes.CDLL]:
     numpy = sys.modules.get("numpy")
-    if numpy is None or not sys.platform.startswith("linux"):
+    if numpy is None or numpy.__file__ is None or not sys.platform.startswith("linux"):
         return []
     base = os.path.dirname(os.path.dirname(numpy.__file__))
     out = []

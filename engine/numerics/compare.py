@@ -34,7 +34,6 @@ __all__ = [
     "compare_pairs",
     "stats_metrics",  # re-exported: public here before statistics.py held them
     "tensor_measure",
-    "tensor_metrics",
     "tensor_stats",
 ]
 from layerwatch.engine.numerics.thresholds import Thresholds, dtype_class
@@ -303,23 +302,6 @@ def _compare_small(
         _judged(result, acc.result(), thresholds)
 
 
-def tensor_metrics(
-    golden: Locator,
-    target: Locator,
-    *,
-    floor: float,
-    exact: bool = False,
-    logits: bool = False,
-    topk: int = 5,
-    chunk_elems: int = CHUNK,
-) -> dict[str, float]:
-    """Stream both tensors once, chunk by chunk, into the metric (and logits) accumulators."""
-    metrics, _ = tensor_measure(
-        golden, target, floor=floor, exact=exact, logits=logits, topk=topk, chunk_elems=chunk_elems
-    )
-    return metrics
-
-
 def tensor_measure(
     golden: Locator,
     target: Locator,
@@ -332,8 +314,9 @@ def tensor_measure(
     side_stats: bool = False,
     mask: tuple[float, float] | None = None,
 ) -> tuple[dict[str, float], tuple[Stats, Stats] | None]:
-    """:func:`tensor_metrics` and, with ``side_stats``, both sides' statistics (same pass);
-    ``mask``: each side's additive-mask fill (:func:`mask_fill`), compared as −inf."""
+    """Stream both tensors once, chunk by chunk, into the metric (and logits) accumulators: the
+    metrics and, with ``side_stats``, both sides' statistics (same pass); ``mask``: each side's
+    additive-mask fill (:func:`mask_fill`), compared as −inf."""
     acc = MetricAccumulator(floor, exact=exact, side_stats=side_stats)
     pairs: Iterator[tuple[np.ndarray, np.ndarray]] = paired_chunks(
         iter_chunks(golden, chunk_elems, reuse=True), iter_chunks(target, chunk_elems, reuse=True)

@@ -89,8 +89,8 @@ def _fill(
         (acc.gg, acc.tt, acc.gt, acc.dd, acc.max_abs, acc.sum_abs) = values[:6]
         (acc.max_rel, acc.sum_rel, acc.c1, acc.c5) = values[6:10]
         if acc.sides is not None:  # added: a redone segment may hold one-sided values already
-            acc.sides[0].add_sums(*values[10:13], acc.gg, n)
-            acc.sides[1].add_sums(*values[13:16], acc.tt, n)
+            acc.sides[0].add_sums(values[10], values[11], values[12], acc.gg, n)
+            acc.sides[1].add_sums(values[13], values[14], values[15], acc.tt, n)
     return redo
 
 

@@ -13,14 +13,16 @@ import copy
 import fnmatch
 import functools
 import math
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics.local import LocalLimit, op_kind
@@ -219,7 +221,7 @@ def _within(
     value: float,
     limit: float,
     metrics: dict[str, float],
-    limits: dict[str, float | None],
+    limits: Mapping[str, float],
 ) -> bool:
     if name in (TOP1, MARGIN):
         # A top-1 flip fails only when the golden run was confident about the row it flipped.
@@ -234,7 +236,7 @@ def _within(
     return value <= limit  # NaN fails both ways
 
 
-def _describe(name: str, metrics: dict[str, float], limits: dict[str, float | None]) -> str:
+def _describe(name: str, metrics: dict[str, float], limits: Mapping[str, float]) -> str:
     value = metrics[name]
     if name == NAN_MISMATCH:
         nan_g, inf_g = int(metrics.get(NAN_GOLDEN, 0)), int(metrics.get(INF_GOLDEN, 0))

@@ -8,11 +8,14 @@ holds one ``msit_dump_{timestamp}`` per run — with exactly one it is used, wit
 :func:`resolve` refuses and lists them (comparing the wrong runs is worse than typing a name;
 the live pipeline, which follows a dump being written, takes the newest instead).
 No torch import anywhere here: ``.pth`` files are parsed by :mod:`.pth`.
+The lowest engine layer: from the rest of the engine only ``records`` is imported
+(``tests/test_layering.py``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +117,12 @@ def open_dump(
             "an msit torch dump (model_tree.json, torch_tensors/), an ATB dump (tensors/) "
             "or an msprobe dump (dump.json)"
         )
-    readers = {"layerwatch": LayerwatchReader, "msit": MsitReader, "atb": AtbReader}
-    readers["msprobe"] = MsprobeReader
+    readers: dict[str, Callable[..., DumpReader]] = {
+        "layerwatch": LayerwatchReader,
+        "msit": MsitReader,
+        "atb": AtbReader,
+        "msprobe": MsprobeReader,
+    }
     from layerwatch.engine.readers.msit_manual import MsitManualReader
 
     readers["msit-manual"] = MsitManualReader

@@ -97,7 +97,8 @@ class _Rank:
     topo_sig: tuple = ()
     op_names: dict[str, str] = field(default_factory=dict)
     """Node name → topology ``opName`` (to look up shapes in operation_io csv files)."""
-    io_shapes: dict[int, dict[str, list[tuple[int, ...]]]] = field(default_factory=dict)
+    io_shapes: dict[int, dict[str, dict[str, list[tuple[int, ...]]]]] = field(default_factory=dict)
+    """Token → operation name → ``input``/``output`` → shapes (``operation_tensors_{token}.csv``)."""
     ids_found: set[int] = field(default_factory=set)
 
 
@@ -192,13 +193,14 @@ class AtbReader(DirectoryReader):
             self._where.ranks is not None and rel[0] not in self._where.ranks
         ):
             return
-        state = self._ranks.get(rel[0])
-        if state is None:
+        known = self._ranks.get(rel[0])
+        if known is None:
             self._index.assign([rel[0]])
-            state = self._ranks[rel[0]] = _Rank(
+            known = self._ranks[rel[0]] = _Rank(
                 self._where.tensors_dir / rel[0], self._index(rel[0]), rel[0].rsplit("_", 1)[-1]
             )
-            self._read_topology(state, update)
+            self._read_topology(known, update)
+        state = known
         if len(rel) == 1:
             for token_dir in self._token_dirs(state):
                 self._walk(state, int(token_dir.name), token_dir, found)
@@ -277,10 +279,12 @@ class AtbReader(DirectoryReader):
         order = structural_order(ops)
         if header.is_stats:
             a = header.attrs
-            stats = Stats(*(float(a.get(k, "nan")) for k in ("max", "min", "mean", "l2norm")))
-            dtype = header.dtype or "float32"
+            high, low, mean, norm = (
+                float(a.get(k, "nan")) for k in ("max", "min", "mean", "l2norm")
+            )
+            stats = Stats(high, low, mean, norm)
             return TensorRecord(
-                key, dtype, header.dims, None, stats, order, node_type, path
+                key, header.dtype or "float32", header.dims, None, stats, order, node_type, path
             ), preferred
         dtype = header.dtype
         if dtype is None:
@@ -320,7 +324,7 @@ class AtbReader(DirectoryReader):
         return TensorRecord(key, dtype, shape, loc, None, order, node_type, path), preferred
 
     def _nd_shape(
-        self, state: _Rank, token: int, node: str, stem: str, ops: tuple[str, ...]
+        self, state: _Rank, token: int, node: str, stem: str, ops: Sequence[str]
     ) -> tuple[int, ...] | None:
         for key in (f"{node}:{stem}", node):
             if key in self._nd_shapes:
@@ -335,7 +339,7 @@ class AtbReader(DirectoryReader):
         table = shapes["input" if part == "input" else "output"]
         return table[int(index)] if int(index) < len(table) else None
 
-    def _io_shapes(self, state: _Rank, token: int) -> dict:
+    def _io_shapes(self, state: _Rank, token: int) -> dict[str, dict[str, list[tuple[int, ...]]]]:
         if token in state.io_shapes or self._where.dump_dir is None:
             return state.io_shapes.get(token, {})
         path = (

@@ -19,7 +19,6 @@ Statistics dumps use the same header with ``max min mean l2norm`` keys and no pa
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -36,7 +35,6 @@ ACL_UNSUPPORTED: dict[int, str] = {
     13: "string", 29: "int4", 30: "uint1", 33: "complex32", 34: "hifloat8", 37: "float8_e8m0",
     38: "float6_e3m2", 39: "float6_e2m3", 40: "float4_e2m1", 41: "float4_e1m2", 42: "hifloat4",
 }  # fmt: skip
-ACL_CODES = {name: code for code, name in ACL_DTYPES.items()}
 FORMAT_ND = 2
 NZ_FORMATS = frozenset({29, 50, 51, 52, 53, 54})
 """FRACTAL_NZ, and its explicit-C0 variants (FRACTAL_NZ_C0_16/32/2/4/8)."""
@@ -125,11 +123,6 @@ def read_header(path: str | os.PathLike[str], size: int | None = None) -> BinHea
     if data is not None and data[0] + data[1] > size:
         raise BinIncomplete(f"{spath}: payload incomplete ({size} of {data[0] + data[1]} bytes)")
     return header
-
-
-def payload_matches_dims(header: BinHeader, itemsize: int) -> bool:
-    data = header.data
-    return data is not None and data[1] == math.prod(header.dims) * itemsize
 
 
 def is_complete_bin(path: str | os.PathLike[str], size: int | None = None) -> bool:

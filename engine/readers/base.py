@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -133,7 +133,7 @@ class RankIndex:
         return name in self._ranks
 
 
-def stats_from(values: dict[str, object] | None) -> Stats | None:
+def stats_from(values: Mapping[str, object] | None) -> Stats | None:
     """``Stats`` from a mapping with ``max min mean norm`` (+ ``nan inf``); None when absent."""
     if not values:
         return None

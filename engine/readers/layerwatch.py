@@ -116,14 +116,15 @@ class LayerwatchReader(DirectoryReader):
             rank_dir = rank_dir.parent
         if rank_dir.parent != self._run_dir or (self._single and rank_dir != self.root):
             return
-        state = self._ranks.get(rank_dir.name)
-        if state is None:
+        found = self._ranks.get(rank_dir.name)
+        if found is None:
             if not is_rank_dir(rank_dir):
                 return  # a rank directory whose index does not exist yet
             self._discover()
-            state = self._ranks.get(rank_dir.name)
-            if state is None:
+            found = self._ranks.get(rank_dir.name)
+            if found is None:
                 return
+        state = found
         name = path.name
         if path == rank_dir or name in (lwf.INDEX, lwf.MANIFEST):
             self._read_topology(state, update)

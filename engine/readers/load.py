@@ -306,7 +306,7 @@ def _reused_chunks(
     wide = np.empty(size, np.uint32) if dt == "bfloat16" else None
     table = _FP8.get(dt)
     decoded = np.empty(size, np.float32) if table is not None else None
-    view = memoryview(raw).cast("B")
+    view = raw.data.cast("B")
     item = sdt.itemsize
     try:
         fh = open(loc.path, "rb", buffering=0)  # noqa: SIM115 (closed in finally, generator)

@@ -151,8 +151,8 @@ class MsitReader(DirectoryReader):
         else:
             for path in changed:
                 self._on_change(Path(os.path.abspath(path)), files, update)
-        for path in list(self._pending):
-            self._retry(path, files)
+        for pending in list(self._pending):
+            self._retry(pending, files)
         self._emit(files, update, full=changed is None, final=final)
         return update
 
@@ -322,9 +322,9 @@ class MsitReader(DirectoryReader):
                         tok.id_candidates.append((node_order, record.dtype, record.loc))
             self._token_ids(tok, token, update)
             if not state.ordered_topology and self._topology is not None and tok.order:
-                for node, order in tok.order.items():
+                for node, position in tok.order.items():
                     if node in self._topology.nodes:
-                        self._topology.nodes[node].order = order
+                        self._topology.nodes[node].order = position
                 state.ordered_topology = True
                 update.topology = self._topology
 
@@ -361,9 +361,10 @@ class MsitReader(DirectoryReader):
             shape = tuple(
                 int(d) for d in row.get("Shape", "()").strip("()[] ").split(",") if d.strip()
             )
-            stats = Stats(
-                *(float(row.get(k, "nan") or "nan") for k in ("Max", "Min", "Mean", "L2Norm"))
+            high, low, mean, norm = (
+                float(row.get(k, "nan") or "nan") for k in ("Max", "Min", "Mean", "L2Norm")
             )
+            stats = Stats(high, low, mean, norm)
             dtype = canonical_dtype(row.get("DataType", "float32"))
             key = TensorKey(token, node, stem, state.rank)
             out.append(TensorRecord(key, dtype, shape, None, stats, -1, node_type, path))

@@ -257,11 +257,6 @@ tensors share a few dozen distinct pickles (same dtype, shape, storage key), and
 a pure function of the bytes."""
 
 
-def parse_tensor_pickle(data: bytes) -> TensorSpec:
-    """The tensor described by a ``data.pkl`` (raises PthRefused for anything else)."""
-    return _facts(data)[0]
-
-
 def _facts(data: bytes) -> tuple[TensorSpec, tuple[int, ...] | None, int]:
     facts = _FACTS.get(data)
     if facts is None:

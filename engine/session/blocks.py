@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from layerwatch.engine.records import Node, Topology
+from layerwatch.engine.records import Topology
 from layerwatch.engine.seam import BlockInfo
 
 _LAYER_NAME = re.compile(r"^(.*?\.(?:layers|layer|h|blocks|block|decoder_layers))\.(\d+)(?:\.|$)")
@@ -90,9 +90,6 @@ class BlockLayout:
                 if info.kind == "layer" and info.node.endswith("." + match.group(2)):
                     return info.index
         return -1
-
-    def layer_nodes(self) -> list[str]:
-        return [b.node for b in self.blocks if b.kind == "layer"]
 
 
 def subtree_sizes(topo: Topology) -> dict[str, int]:
@@ -269,7 +266,3 @@ def _ensure(topo: Topology, name: str, nodes: dict[str, tuple[str, int]]) -> Non
         _ensure(topo, parent, nodes)
     type_, order = nodes.get(name, ("", -1))
     topo.add(name, type_, parent, order)
-
-
-def leaf_nodes(topo: Topology) -> list[Node]:
-    return [n for n in topo.nodes.values() if not n.children]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from layerwatch.capture.tokens import TokenSelection
 from layerwatch.engine.records import PairResult, TensorKey, TensorRecord, Topology, Verdict
@@ -34,16 +34,8 @@ from layerwatch.engine.session.jobs import CompareFn, JobRunner, Work, rejudge
 from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
 from layerwatch.engine.session.state import SIDES, SessionState
 
-
-@dataclass(slots=True)
-class _Pair:
-    gkey: TensorKey
-    tkey: TensorKey
-    logits: bool = False
-    raw: PairResult | None = None
-    """What the compare function returned (before divergence is applied)."""
-    eff: PairResult | None = None
-    """What the session reports: ``raw`` with divergence, order and block applied."""
+if TYPE_CHECKING:
+    from layerwatch.engine.numerics.thresholds import Thresholds
 
 
 class CompareSession(SessionState):
@@ -59,7 +51,6 @@ class CompareSession(SessionState):
         *,
         auto_map: bool | None = None,
         compare: CompareFn | None = None,
-        big_bytes: int = 1 << 21,
         side_stats: bool = False,
     ) -> None:
         super().__init__()
@@ -73,12 +64,12 @@ class CompareSession(SessionState):
             compare = compare_pair
         if isinstance(mapping, str | Path):
             mapping = load_mapping(mapping)
-        self.thresholds = thresholds
+        self.thresholds = cast("Thresholds", thresholds)
         self.tokens = TokenSelection.of(tokens)
         self._token_filter = self.tokens != TokenSelection.everything()
         self.sink = sink
         self.pairer = Pairer(mapping, auto_map)
-        self.runner = JobRunner(compare, thresholds, jobs, big_bytes)
+        self.runner = JobRunner(compare, thresholds, jobs)
         self.runner.side_stats = side_stats  # statistics of stat-less records (CSV columns)
         self._flush_lock = threading.Lock()
         self._reuse: dict[tuple[object, ...], PairResult] = {}
@@ -281,16 +272,6 @@ class CompareSession(SessionState):
         pair.raw = result
         self._set_eff(pair)
 
-    def _inputs(self, key: TensorKey) -> list[PairResult | None]:
-        out: list[PairResult | None] = []
-        for gkey in self._node_keys.get((key.token, key.rank, key.node), ()):
-            if not gkey.stem.startswith("input"):
-                continue
-            pair = self._pairs.get(gkey)
-            if pair is not None:
-                out.append(pair.eff)
-        return out
-
     def _refresh_findings(self) -> None:
         tokens = sorted(self._fails)
         first = cause = None
@@ -432,7 +413,7 @@ class CompareSession(SessionState):
         return None
 
     def _unpaired_results(self) -> list[PairResult]:
-        out = []
+        out: list[PairResult] = []
         if self._finished["target"]:
             out.extend(self._unpaired("golden", k) for k in self._gonly)
         if self._finished["golden"]:

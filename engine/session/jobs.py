@@ -16,6 +16,7 @@ compared inline and :attr:`JobRunner.notes` says so once.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -29,6 +30,8 @@ from layerwatch.engine.session.forked import Forked, can_fork
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
+
+log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 64
 """Inline pairs per progress report (without a progress callback: all in one call)."""
@@ -90,8 +93,12 @@ def run_many(
                 thresholds,  # type: ignore[arg-type]
                 side_stats=side_stats,
             )
-        except Exception:  # a bug in the batch path must not cost the pairs: one by one
-            pass
+        # what the batch path can raise beyond its own ERROR verdicts (reading, numpy, memory):
+        # it must not cost the pairs, which are then compared one by one
+        except (LayerwatchError, OSError, ValueError, ArithmeticError, MemoryError) as exc:
+            log.warning(
+                "batch compare failed (%s: %s); comparing one by one", type(exc).__name__, exc
+            )
     return [run_one(compare, thresholds, w, side_stats) for w in works]
 
 
@@ -154,14 +161,10 @@ class JobRunner:
     page they write (measured: case (b), 904 small pairs, 55 ms of comparing: half of it in
     each of two processes took 46 + 40 ms); a pool pickles records instead."""
 
-    def __init__(
-        self, compare: CompareFn, thresholds: object, jobs: int = 1, big_bytes: int = 1 << 21
-    ) -> None:
+    def __init__(self, compare: CompareFn, thresholds: object, jobs: int = 1) -> None:
         self.compare = compare
         self.thresholds = thresholds
         self.jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
-        self.big_bytes = big_bytes
-        """Kept for callers; the plan is by estimated cost now (:attr:`MIN_PARALLEL_COST`)."""
         self.notes: list[str] = []
         """One-line notes for the user (the pool could not start...); the caller drains them."""
         self.side_stats = False

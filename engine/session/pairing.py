@@ -294,8 +294,9 @@ class Pairer:
                 or any(a is not b for a, b in zip(cached[0][:2], key[:2], strict=True))
                 or cached[0][2:] != key[2:]
             ):
-                self._weight_cache = (key, match_by_weights(golden, target, *weights))
-            found = self._weight_cache[1]
+                cached = (key, match_by_weights(golden, target, *weights))
+                self._weight_cache = cached
+            found = cached[1]
             self.node_map = dict(found.pairs)
             self.notes = found.notes
             self.mode = "weights"

@@ -1,6 +1,6 @@
 """The session's bookkeeping: records of both runs, who pairs with whom, cells' members.
 
-Kept apart from :mod:`.session` (the public API and the compare loop). Everything here runs
+Kept apart from :mod:`.core` (the public API and the compare loop). Everything here runs
 under the session's lock. Invariants:
 
 - ``_pairs[g]`` exists iff the golden record ``g`` and at least one target record mapping to
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from layerwatch.capture.tokens import TokenSelection
@@ -37,12 +38,24 @@ from layerwatch.engine.session.findings import part_of, stem_sort
 
 if TYPE_CHECKING:
     from layerwatch.engine.numerics.thresholds import Thresholds
-    from layerwatch.engine.session.core import _Pair
     from layerwatch.engine.session.pairing import Pairer
 
 SIDES = ("golden", "target")
 Member = tuple[str, TensorKey]
 """``("g", golden key)`` for golden records (paired or not), ``("t", target key)`` for unpaired target records."""
+
+
+@dataclass(slots=True)
+class _Pair:
+    """A golden record's key, its target partner's, and the raw and the reported result."""
+
+    gkey: TensorKey
+    tkey: TensorKey
+    logits: bool = False
+    raw: PairResult | None = None
+    """What the compare function returned (before divergence is applied)."""
+    eff: PairResult | None = None
+    """What the session reports: ``raw`` with divergence, order and block applied."""
 
 
 def _is_float(dtype: str) -> bool:
@@ -191,8 +204,6 @@ class SessionState:
 
     def _sync(self, gkey: TensorKey) -> None:
         """Make ``_pairs[gkey]`` agree with the records and the mapping."""
-        from layerwatch.engine.session.core import _Pair
-
         cands = self._by_g.get(gkey)
         want = min(cands) if cands and gkey in self._records["golden"] else None
         pair = self._pairs.get(gkey)
@@ -280,6 +291,17 @@ class SessionState:
             golden_stats=raw.golden_stats,
             target_stats=raw.target_stats,
         )
+
+    def _inputs(self, key: TensorKey) -> list[PairResult | None]:
+        """The node's input pairs at that token (``None``: paired, not compared yet)."""
+        out: list[PairResult | None] = []
+        for gkey in self._node_keys.get((key.token, key.rank, key.node), ()):
+            if not gkey.stem.startswith("input"):
+                continue
+            pair = self._pairs.get(gkey)
+            if pair is not None:
+                out.append(pair.eff)
+        return out
 
     def _local_figure(
         self,

@@ -25,8 +25,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import permutations
+from typing import TYPE_CHECKING
 
 from layerwatch.engine.records import Locator, ParamPrint, Topology
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _UNIT_ROUNDOFF = {
     "bfloat16": 2.0**-8,
@@ -48,15 +52,15 @@ def _lower(a: str, b: str) -> str:
     return a if _UNIT_ROUNDOFF.get(a, 0.0) >= _UNIT_ROUNDOFF.get(b, 0.0) else b
 
 
-def round_to(values: object, dtype: str) -> object:
+def round_to(values: object, dtype: str) -> np.ndarray:
     """Round float values to ``dtype``'s precision (round to nearest even), returned as float32."""
     import numpy as np
 
     arr = np.asarray(values, dtype=np.float32)
     if dtype == "bfloat16":
         bits = arr.view(np.uint32).astype(np.uint64)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.astype(np.uint32).view(np.float32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return rounded.astype(np.uint32).view(np.float32)
     if dtype == "float16":
         with np.errstate(over="ignore"):
             return arr.astype(np.float16).astype(np.float32)
@@ -117,9 +121,9 @@ class _Side:
         self.locs: dict[str, dict[str, Locator]] = defaultdict(dict)
         for full, loc in weights.items():
             if "." in full:
-                node, local = full.rsplit(".", 1)
-                if node in topo.nodes:
-                    self.locs[node][local] = loc
+                owner, local = full.rsplit(".", 1)
+                if owner in topo.nodes:
+                    self.locs[owner][local] = loc
         for name, node in topo.nodes.items():
             prints = dict(node.params)
             for local, loc in self.locs.get(name, {}).items():
@@ -147,7 +151,8 @@ class _Side:
         it = iter(names)
         current = next(it, None)
         for name in it:
-            a, b = current, name
+            a: str | None = current
+            b: str | None = name
             while a is not None and b is not None and a != b:
                 if self.depth.get(a, 0) >= self.depth.get(b, 0):
                     a = self.topo.nodes[a].parent

@@ -4,11 +4,11 @@ Run (from the repository root, in the project venv)::
 
     OMP_NUM_THREADS=1 python tests/bench/bench_dump.py            # configs a and b, 5 repeats
     OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --config b --repeats 9
-    OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --msit-python /work/side/msit/bin/python
+    OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --msit-python VENV/bin/python
 
 Both sides run a Hugging Face ``LlamaForCausalLM`` (eager attention) built from a ``LlamaConfig``
-with ``torch.manual_seed(1234)`` and greedy ``generate`` on fixed random prompt ids, as msit.md
-§9 measured msit 8.2.0: (a) hidden 1024, 8 layers, 16 heads, vocab 32000, prompt 256, 4 new
+with ``torch.manual_seed(1234)`` and greedy ``generate`` on fixed random prompt ids, as msit 8.2.0
+was measured: (a) hidden 1024, 8 layers, 16 heads, vocab 32000, prompt 256, 4 new
 tokens: 1.22 s -> 2.38 s (1.95x); (b) hidden 256, 4 layers, 4 heads, vocab 1000, prompt 16,
 8 new tokens: 0.06 s -> 0.45 s (7x). Goals: (a) <= 1.3x, (b) <= 2x.
 
@@ -17,8 +17,8 @@ Baseline and captured runs alternate in one process; each figure is the median o
 end records written). Registration (topology, parameter fingerprints) is timed separately.
 Also printed: the median of the per-run ratios (robust to load drifting on a shared machine)
 and the ratio of process CPU time (model and writer threads together: the work, not the wait).
-When ``--msit-python`` points at a venv with msit installed (default: /work/side/msit if it
-exists), msit's own ``DumpConfig``/``register_hook`` runs on the same config in a subprocess and
+When ``--msit-python`` points at a venv with msit installed (default: the side venv that
+``tests/bench/bench_compare.py`` builds under its work dir, if it exists), msit's own ``DumpConfig``/``register_hook`` runs on the same config in a subprocess and
 its ratio is printed beside ours.
 """
 
@@ -39,7 +39,10 @@ CONFIGS = {
     "a": dict(hidden=1024, layers=8, heads=16, vocab=32000, prompt=256, new=4, inter=2816),
     "b": dict(hidden=256, layers=4, heads=4, vocab=1000, prompt=16, new=8, inter=688),
 }
-MSIT_SIDE = Path("/work/side/msit/bin/python")
+MSIT_SIDE = (
+    Path(tempfile.gettempdir()) / "layerwatch-bench-compare" / "msit-venv" / "bin" / "python"
+)
+"""msit's side venv as ``tests/bench/bench_compare.py`` builds it (default ``--work``)."""
 
 _MODEL_CODE = """
 import torch

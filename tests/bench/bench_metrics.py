@@ -5,9 +5,9 @@ Run (≈1–2 minutes; one BLAS/OpenMP thread, as msit was measured)::
     python tests/bench/bench_metrics.py                   # all sections
     python tests/bench/bench_metrics.py --sizes 100000 1000000 --skip e2e memory
 
-Throughput counts the fp32 bytes of both inputs (8 bytes per element pair), as msit.md §9.2
-does. Baselines measured in the same run: msit 8.2.0's ``compare_data`` (the 7 metrics +
-checks, from the side venv ``/work/side/msit`` when it exists) on the same arrays, and the
+Throughput counts the fp32 bytes of both inputs (8 bytes per element pair), as msit's own
+benchmark does. Baselines measured in the same run: msit 8.2.0's ``compare_data`` (the 7 metrics +
+checks, from the side venv ``tests/bench/bench_compare.py`` builds, when it exists) on the same arrays, and the
 ``np.fromfile`` floor (just reading both files). Figures are minimums of ``--repeats`` runs.
 """
 
@@ -29,16 +29,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+from layerwatch.engine.numerics.arrays import compare_arrays
 from layerwatch.engine.numerics.compare import compare_pair
-from layerwatch.engine.numerics.metrics import compare_arrays
 from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import Locator, TensorKey, TensorRecord
 
-MSIT_PYTHON = Path("/work/side/msit/bin/python")
+MSIT_PYTHON = (
+    Path(tempfile.gettempdir()) / "layerwatch-bench-compare" / "msit-venv" / "bin" / "python"
+)
 MSIT_DOC = {100_000: 109.0, 1_000_000: 80.0, 10_000_000: 55.0}
-"""msit.md §9.2: compare_data MB/s measured by the research notes (1 thread)."""
+"""msit 8.2.0's compare_data MB/s as measured before this project (1 thread)."""
 MSIT_E2E_S = 9.27
-"""msit.md §9.2 E4: ``msit llm compare`` on 468 MB-sized pairs (336.6 MB on disk), incl. start-up."""
+"""``msit llm compare`` on 468 MB-sized pairs (336.6 MB on disk), incl. start-up."""
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from layerwatch.engine.numerics.arrays import compare_arrays
 from layerwatch.engine.numerics.compare import stats_metrics
-from layerwatch.engine.numerics.metrics import compare_arrays
 from layerwatch.engine.numerics.thresholds import Thresholds, dtype_class
 from layerwatch.engine.records import COSINE, EXACT, HIGHER_IS_BETTER, KL, RED, TOP1, Stats, Verdict
 from layerwatch.engine.seam import MetricCheck

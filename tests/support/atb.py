@@ -2,7 +2,7 @@
 
 Used by the readers' tests and by the live stand-in ``msit`` executable (there is no NPU here).
 The byte layout follows CANN ``Mki::BinFile::Write`` (header lines ``key=value``, ``$End=1``, then
-the payload) and the directory layout of msit's ATB dump (anchors/msit.md §1.4):
+the payload) and the directory layout of msit's ATB dump:
 ``{out}/tensors/{device}_{pid}/{executeCount}/{order}_{OpType}/.../{before|after}/{in|out}tensor{i}.bin``
 and ``{out}/model/{pid}/{ModelName}.json``.
 """

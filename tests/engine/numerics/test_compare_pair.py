@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from layerwatch.engine.numerics.arrays import compare_arrays
 from layerwatch.engine.numerics.compare import compare_pair, tensor_stats
-from layerwatch.engine.numerics.metrics import compare_arrays
 from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import (
     COSINE,

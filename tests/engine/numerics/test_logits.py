@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from layerwatch.engine.numerics.arrays import compare_arrays
 from layerwatch.engine.numerics.logits import LogitsAccumulator, logits_metrics, row_blocks
-from layerwatch.engine.numerics.metrics import compare_arrays
 from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import COSINE, KL, MARGIN, TOP1, TOPK, Verdict
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.numerics.metrics import compare_arrays
+from layerwatch.engine.numerics.arrays import compare_arrays
 from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import (
     COSINE,
