@@ -41,6 +41,7 @@ def config_from_settings(settings: dict[str, Any]) -> DumpConfig:
         dump_statistics_mode=int(settings.get("dump_statistics_mode", 2)),
         dump_last_logits=bool(settings.get("dump_last_logits", False)),
         format=settings.get("format") or "layerwatch",
+        dump_weight=bool(settings.get("dump_weight", False)),
     )
 
 

@@ -54,6 +54,7 @@ class CaptureOptions:
     last_logits: bool = False
     format: str = "layerwatch"
     seed: int | None = None
+    weights: bool = False
 
     @classmethod
     def from_args(cls, args: object) -> CaptureOptions:
@@ -62,6 +63,7 @@ class CaptureOptions:
             get("tokens", None), get("part", "both") or "both", get("layers", None),
             bool(get("stats_only", False)), bool(get("last_logits", False)),
             get("format", "layerwatch") or "layerwatch", get("seed", None),
+            bool(get("weights", False)),
         )  # fmt: skip
         if opts.tokens:
             parse_tokens(opts.tokens)  # a bad spec fails here, in the launcher, in one line
@@ -79,6 +81,7 @@ class CaptureOptions:
             "dump_last_logits": self.last_logits,
             "format": self.format,
             "seed": self.seed,
+            "dump_weight": self.weights,
             "capture_pkg": str(Path(__file__).resolve().parent),
         }
 
