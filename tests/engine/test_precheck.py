@@ -16,10 +16,9 @@ import sys
 
 import numpy as np
 import pytest
-from support import atb, hf_zoo
-
 from layerwatch.engine.numerics import precheck as ref
 from layerwatch.engine.precheck import precheck
+from support import atb, hf_zoo
 
 pytest.importorskip("transformers")
 
