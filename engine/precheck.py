@@ -93,6 +93,8 @@ class PrecheckReport:
     unsupported: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    topology: Topology | None = None
+    """The dump's module tree (the grid's columns come from it)."""
 
     @property
     def checked(self) -> int:
@@ -277,7 +279,7 @@ def precheck(path: str | os.PathLike[str], *, tokens: Any = None) -> PrecheckRep
     """Precheck every captured call of a supported op in the dump at ``path``."""
     reader = open_dump(path, "target")
     update = reader.poll(None, final=True)
-    report = PrecheckReport(notes=list(update.notes))
+    report = PrecheckReport(notes=list(update.notes), topology=update.topology)
     topology = update.topology or Topology()
     fmt = getattr(reader, "fmt", "")
     calls: dict[tuple[int, int, str], dict[str, TensorRecord]] = {}

@@ -203,8 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_options(watch)
     add_live_report_options(watch)
 
-    open_ = sub.add_parser("open", help="browse the comparison of two finished dumps")
-    add_dump_pair(open_)
+    open_ = sub.add_parser(
+        "open",
+        help="browse the comparison of two finished dumps, or one dump's precheck",
+    )
+    open_.add_argument("golden", metavar="GOLDEN_OR_DUMP")
+    open_.add_argument(
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="without it: the precheck of GOLDEN_OR_DUMP alone (captured with --weights)",
+    )
     open_.add_argument(
         "--headless", action="store_true", help="print the results instead of opening the TUI"
     )
