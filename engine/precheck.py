@@ -79,6 +79,8 @@ _SCALED_EMBEDDINGS = frozenset(
 _ATB_ACTIVATIONS = {1: "relu", 2: "gelu", 3: "quick_gelu", 4: "silu", 8: "sigmoid"}
 _ATB_ELEWISE = {8: "add", 9: "mul", 15: "sub", 2: "muls"}
 _CALL = re.compile(r"#\d+$")
+CALL_STEMS = ("output", "output_0", "input_0", "input_1", "input_2", "input_3")
+"""The tensors of one call a reference may use."""
 
 Loader = Callable[[str], np.ndarray | None]
 """``stem or weight name → float64 array`` (``None`` when not dumped)."""
@@ -321,34 +323,74 @@ def precheck(path: str | os.PathLike[str], *, tokens: Any = None) -> PrecheckRep
         if out is None:
             continue  # inputs only (tensor_part=0): nothing to judge
         key = TensorKey(token, node_name, out.key.stem, rank)
-        row = PairResult(key, Verdict.ERROR, target=out, order=out.order, node_type=out.node_type)
-        report.rows.append(row)
-        base = _CALL.sub("", node_name)
-        get = _loader(group, update.weights, base, cache, report)
-        try:
-            reference = plan(get)
-            target = _load(out.loc, report) if out.loc is not None else None
-            if target is None:
-                raise _Missing("output has statistics only")
-            check = ref.judge(target, reference, out.dtype)
-        except (_Missing, LayerwatchError) as exc:
-            row.reason = str(exc)
-            continue
-        except (ValueError, IndexError) as exc:  # shapes that do not fit the op
-            row.reason = f"cannot recompute: {exc}"
-            continue
-        row.metrics = check.metrics
-        row.verdict = Verdict.PASS if check.ok else Verdict.FAIL
-        row.failed = tuple(
-            name
-            for name, limit in (
-                (ref.ELEMENT_RATIO, ref.ELEMENT_LIMIT),
-                (ref.NORM_RATIO, ref.NORM_LIMIT),
-            )
-            if check.metrics.get(name, 0.0) > limit
-        )
-        row.reason = check.reason
+        get = _loader(group, update.weights, cache, report)
+        report.rows.append(check_call(key, plan, get, out, report))
     return report
+
+
+def check_call(
+    key: TensorKey, plan: Plan, get: Loader, out: TensorRecord, report: PrecheckReport
+) -> PairResult:
+    """Recompute one call and judge its dumped output: a pass/fail row, or an error row."""
+    row = PairResult(key, Verdict.ERROR, target=out, order=out.order, node_type=out.node_type)
+    try:
+        reference = plan(get)
+        if out.loc is None:
+            raise _Missing("output has statistics only")
+        check = ref.judge(_load(out.loc, report), reference, out.dtype)
+    except (_Missing, LayerwatchError) as exc:
+        row.reason = str(exc)
+        return row
+    except (ValueError, IndexError) as exc:  # shapes that do not fit the op
+        row.reason = f"cannot recompute: {exc}"
+        return row
+    row.metrics = check.metrics
+    row.verdict = Verdict.PASS if check.ok else Verdict.FAIL
+    limits = ((ref.ELEMENT_RATIO, ref.ELEMENT_LIMIT), (ref.NORM_RATIO, ref.NORM_LIMIT))
+    row.failed = tuple(n for n, limit in limits if check.metrics.get(n, 0.0) > limit)
+    row.reason = check.reason
+    return row
+
+
+def precheck_sentence(
+    target: TensorRecord,
+    records: dict[TensorKey, TensorRecord],
+    topology: Topology | None,
+    weights: dict[str, Locator],
+) -> str:
+    """One line for a compare's operator view: the target op's own precheck verdict, or ``""``
+    when it cannot be had (no weights, an unsupported type, no inputs)."""
+    key = target.key
+    group = {
+        stem: rec
+        for stem in CALL_STEMS
+        if (rec := records.get(TensorKey(key.token, key.node, stem, key.rank))) is not None
+    }
+    fmt = "atb" if target.source.endswith(".bin") else ""
+    if fmt != "atb" and not weights:
+        return ""
+    base = _CALL.sub("", key.node)
+    node = (topology.nodes.get(base) if topology else None) or Node(base, target.node_type)
+    plan = plan_for(node, fmt, _atb_op_param(group) if fmt == "atb" else {})
+    out = _output(group)
+    if isinstance(plan, str) or out is None:
+        return ""
+    report = PrecheckReport()
+    row = check_call(
+        TensorKey(key.token, key.node, out.key.stem, key.rank),
+        plan,
+        _loader(group, weights, {}, report),
+        out,
+        report,
+    )
+    ratio = row.metrics.get(ref.PRECHECK_RATIO)
+    if row.verdict is Verdict.PASS:
+        return (
+            f"precheck: the target op recomputes within rounding (ratio {ratio:.2f} of its bound)"
+        )
+    if row.verdict is Verdict.FAIL:
+        return f"precheck: the target op is wrong on its own inputs: {row.reason}"
+    return f"precheck: could not recompute ({row.reason})"
 
 
 def _param_names(node: Node) -> list[str]:
@@ -394,7 +436,6 @@ def _load(loc: Locator, report: PrecheckReport) -> np.ndarray:
 def _loader(
     group: dict[str, TensorRecord],
     weights: dict[str, Locator],
-    base: str,
     cache: dict[str, np.ndarray],
     report: PrecheckReport,
 ) -> Loader:

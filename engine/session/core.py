@@ -252,7 +252,29 @@ class CompareSession(SessionState):
         from layerwatch.engine.numerics.explain import explain
 
         inputs = self.inputs_of(result)  # takes the lock briefly; loading happens without it
-        return explain(result, self.thresholds, inputs)
+        detail = explain(result, self.thresholds, inputs)
+        line = self._precheck_line(result)
+        if line:
+            detail.sentence = f"{detail.sentence} · {line}" if detail.sentence else line
+        return detail
+
+    def _precheck_line(self, result: PairResult) -> str:
+        """The target op's own precheck (``engine/precheck.py``) when the target has weights."""
+        if result.target is None:
+            return ""
+        from layerwatch.engine.precheck import CALL_STEMS, precheck_sentence
+
+        key = result.target.key
+        with self._lock:
+            side = self._records["target"]
+            records = {
+                k: side[k]
+                for stem in CALL_STEMS
+                if (k := TensorKey(key.token, key.node, stem, key.rank)) in side
+            }
+            topology = self._topo.get("target")
+            weights = dict(self._weights["target"])
+        return precheck_sentence(result.target, records, topology, weights)
 
     # --- internals -------------------------------------------------------------------------
     def _aligned(self, item: Work) -> Work:

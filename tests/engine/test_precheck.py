@@ -194,3 +194,22 @@ def test_atb_linear_rmsnorm_activation_elewise_from_op_param(tmp_path):
     assert scaled.first_failure.node_type == "LinearOperation"
     eps = precheck(_atb_dump(tmp_path / "eps", _atb_ops(eps_used=0.05)))
     assert eps.first_failure is not None and eps.first_failure.node_type == "RmsNormOperation"
+
+
+def test_compare_operator_view_carries_the_target_ops_precheck_verdict(tmp_path):
+    from support.sessions import compare_dumps
+
+    golden, target = hf_zoo.golden_and_target(
+        "llama", tmp_path, dtype="bf16", fault="kernel_scale", dump_weight=True
+    )
+    session = compare_dumps(golden, target)
+    results = session.results()
+    node = "root.model.layers.1.mlp.down_proj"
+    bad = next(
+        r for r in results if r.key.node == node and r.key.token == 1 and r.key.stem == "output"
+    )
+    assert "precheck: the target op is wrong on its own inputs" in session.explain(bad).sentence
+    fine = next(
+        r for r in results if r.key.node == node and r.key.token == 0 and r.key.stem == "output"
+    )
+    assert "recomputes within rounding" in session.explain(fine).sentence
