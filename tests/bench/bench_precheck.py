@@ -52,9 +52,9 @@ def main() -> None:
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     ids = torch.randint(0, 8000, (1, args.prompt))
     with tempfile.TemporaryDirectory() as tmp:
-        with register_hook(model, DumpConfig(dump_path=tmp, dump_weight=True)) as handle:
-            with torch.no_grad():
-                model.generate(ids, max_new_tokens=4, do_sample=False)
+        config = DumpConfig(dump_path=tmp, dump_weight=True)
+        with register_hook(model, config) as handle, torch.no_grad():
+            model.generate(ids, max_new_tokens=4, do_sample=False)
         dump = handle.run_dir
         assert dump is not None
         mb = sum(p.stat().st_size for p in (dump / "data").iterdir()) / 1e6
