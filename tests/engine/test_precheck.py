@@ -213,3 +213,26 @@ def test_compare_operator_view_carries_the_target_ops_precheck_verdict(tmp_path)
         r for r in results if r.key.node == node and r.key.token == 0 and r.key.stem == "output"
     )
     assert "recomputes within rounding" in session.explain(fine).sentence
+
+
+def test_zero_code_dump_with_weights_then_precheck(tmp_path):
+    script = tmp_path / "infer.py"
+    script.write_text(
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU('tanh'),\n"
+        "    torch.nn.LayerNorm(32), torch.nn.Dropout(0.1), torch.nn.Softmax(-1)).to(torch.bfloat16).eval()\n"
+        "with torch.no_grad():\n"
+        "    for _ in range(2):\n"
+        "        m(torch.randn(3, 16, dtype=torch.bfloat16))\n"
+    )
+    out = tmp_path / "dump"
+    done = _cli("dump", "--out", str(out), "--weights", "--", sys.executable, str(script))
+    assert done.returncode == 0, done.stderr
+    (run,) = [p for p in out.iterdir() if p.is_dir() and (p / "index.jsonl").exists()]
+    assert any('"k":"weight"' in line.replace(" ", "") for line in (run / "index.jsonl").open())
+    done = _cli("precheck", str(out), "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    obj = json.loads(done.stdout)
+    assert obj["summary"]["checked"] == 10 and obj["summary"]["failed"] == 0
+    assert obj["summary"]["unsupported"] == {"Sequential": 2}
