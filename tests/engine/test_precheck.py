@@ -236,3 +236,28 @@ def test_zero_code_dump_with_weights_then_precheck(tmp_path):
     obj = json.loads(done.stdout)
     assert obj["summary"]["checked"] == 10 and obj["summary"]["failed"] == 0
     assert obj["summary"]["unsupported"] == {"Sequential": 2}
+
+
+def test_subclasses_are_not_guessed_and_bad_paths_are_one_line(tmp_path):
+    import torch
+    from layerwatch.capture import DumpConfig, register_hook
+
+    class ScaledLinear(torch.nn.Linear):  # same attributes as nn.Linear, another computation
+        def forward(self, x):
+            return super().forward(x) * 1.5
+
+    model = torch.nn.Sequential(ScaledLinear(8, 8), torch.nn.ReLU()).eval()
+    with (
+        register_hook(model, DumpConfig(dump_path=tmp_path / "d", dump_weight=True)),
+        torch.no_grad(),
+    ):
+        model(torch.randn(2, 8))
+    report = precheck(tmp_path / "d")
+    assert report.unsupported["ScaledLinear"] == 1 and report.checked == 1 and not report.failed
+    for args in (
+        ("precheck", str(tmp_path / "missing")),
+        ("precheck", str(tmp_path / "d"), "-o", "r.txt"),
+    ):
+        done = _cli(*args)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
