@@ -306,9 +306,7 @@ def precheck(path: str | os.PathLike[str], *, tokens: Any = None) -> PrecheckRep
             node.type = _node_type(group)
         op_param = _atb_op_param(group) if fmt == "atb" else {}
         plans[base] = plan = plan_for(node, fmt, op_param)
-        needs_weights = needs_weights or (
-            not isinstance(plan, str) and any(k.startswith(base + ".") for k in _param_names(node))
-        )
+        needs_weights = needs_weights or (not isinstance(plan, str) and bool(node.params))
     if fmt != "atb" and needs_weights and not update.weights:
         raise LayerwatchError(f"{path}: the dump holds no weights; {HOW_TO_WEIGHTS}")
     cache: dict[str, np.ndarray] = {}
@@ -391,10 +389,6 @@ def precheck_sentence(
     if row.verdict is Verdict.FAIL:
         return f"precheck: the target op is wrong on its own inputs: {row.reason}"
     return f"precheck: could not recompute ({row.reason})"
-
-
-def _param_names(node: Node) -> list[str]:
-    return [f"{node.name}.{p}" for p in node.params] or [f"{node.name}.weight"]
 
 
 def _node_type(group: dict[str, TensorRecord]) -> str:

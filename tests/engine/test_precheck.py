@@ -261,3 +261,11 @@ def test_subclasses_are_not_guessed_and_bad_paths_are_one_line(tmp_path):
         done = _cli(*args)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_headless_open_of_one_dump_is_precheck(tmp_path):
+    dump = hf_zoo.capture("gemma", tmp_path, dtype="fp16", fault="gemma_plus_one", dump_weight=True)
+    done = _cli("open", str(dump), "--headless", "--json")
+    assert done.returncode == 1, done.stderr
+    first = json.loads(done.stdout)["first_failure"]
+    assert (first["token"], first["node"]) == (0, "root.model.layers.1.input_layernorm")
