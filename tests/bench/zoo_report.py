@@ -11,6 +11,7 @@ Run::
     ... --archs llama,gpt2 --dtypes bf16 --weights trained --tokens 8
     ... --attn sdpa --dtypes fp32     # the other attention kernel in fp32
     ... --json zoo.json               # every figure, machine-readable
+    ... --faults                      # each fault: its size at its node, found by compare?
 
 Trained weights are trained once per arch (≈40 s of one core each) and cached
 (``$LAYERWATCH_TEST_CACHE``); captures are cached under ``--runs`` (default: ``runs/`` in the
@@ -66,6 +67,49 @@ def figures(golden: Path, target: Path) -> dict[str, Any]:
     }
 
 
+def fault_figures(golden: Path, target: Path, fault: hf_zoo.Fault) -> dict[str, Any]:
+    """The fault's size at its own output (from its token on) and what compare says first."""
+    code, report = hf_zoo.compare_json(golden, target)
+    at = [
+        r
+        for r in report["rows"]
+        if r["node"] == fault.node and r["tensor"] == "output" and r["token"] >= fault.from_token
+    ]
+    first = report["first_failure"]
+    return {
+        "exit": code,
+        "max_red": max(r["metrics"][RED] for r in at),
+        "min_cos": min(r["metrics"][COS] for r in at),
+        "first_failure": None if first is None else f"{first['token']}:{first['node']}",
+        "found_at_node": first is not None
+        and (first["token"], first["node"]) == (fault.from_token, fault.node),
+    }
+
+
+def fault_report(args: argparse.Namespace, runs: Path) -> list[dict[str, Any]]:
+    results = []
+    for arch in args.archs.split(","):
+        for weights in args.weights.split(","):
+            for fault in hf_zoo.faults_for(arch):
+                line = f"{arch:8} {weights:7} {fault.name:15} {fault.kind:6}"
+                for dtype in ["fp32", *args.dtypes.split(",")]:
+                    golden, target = hf_zoo.golden_and_target(
+                        arch,
+                        runs,
+                        dtype=dtype,
+                        fault=fault.name,
+                        trained=weights == "trained",
+                        new_tokens=args.tokens,
+                    )
+                    fig = fault_figures(golden, target, fault)
+                    fig.update(arch=arch, weights=weights, dtype=dtype, fault=fault.name)
+                    results.append(fig)
+                    mark = "found" if fig["found_at_node"] else (fig["first_failure"] or "pass")
+                    line += f" | {dtype} RED {fig['max_red']:.4f} cos {fig['min_cos']:.5f} {mark}"
+                print(line, flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", default=",".join(hf_zoo.ARCHS))
@@ -75,8 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=8, help="decode steps after the prefill")
     parser.add_argument("--runs", type=Path, default=None, help="capture cache directory")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="instead: each fault's size at its node (fp32 and each dtype) and compare's verdict",
+    )
     args = parser.parse_args(argv)
     runs = args.runs or hf_zoo.cache_dir() / "runs"
+    if args.faults:
+        results = fault_report(args, runs)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return 0
     results = []
     for arch in args.archs.split(","):
         for weights in args.weights.split(","):

@@ -51,6 +51,28 @@ def test_every_arch_captures_and_pairs_with_its_golden(arch, dtype, zoo_dir):
     assert f"root.{hf_zoo.layer_prefix(arch, 2)}" in nodes and "root.lm_head" in nodes
 
 
+def test_an_sdpa_target_pairs_all_but_what_sdpa_does_not_produce(zoo_dir):
+    golden, target = hf_zoo.golden_and_target("mistral", zoo_dir, dtype="fp32", attn="sdpa")
+    code, report = hf_zoo.compare_json(golden, target)
+    assert code == 0 and report["summary"]["fail"] == 0 and report["summary"]["pairs"] > 300
+    unpaired = {r["tensor"] for r in report["rows"] if r["verdict"] == "unpaired"}
+    assert unpaired == {"output_1", "input_attention_mask"}  # eager's probabilities and mask
+
+
+def test_dump_weight_puts_the_targets_own_weights_in_the_dump(zoo_dir):
+    fault = hf_zoo.FAULTS["linear_noise"]("llama")
+    _, target = hf_zoo.golden_and_target(
+        "llama", zoo_dir, dtype="bf16", fault=fault.name, dump_weight=True
+    )
+    weights = {ln["name"]: ln for ln in lwdump.index(target) if ln["k"] == "weight"}
+    line = weights[f"{fault.node}.weight"]
+    assert line["dtype"] == "bfloat16"
+    model = hf_zoo.build("llama").to(torch.bfloat16)
+    fault.apply(model)
+    noisy = model.get_submodule(fault.node[5:]).weight
+    assert torch.equal(lwdump.load(target, line), noisy)  # the faulty weight, as the target ran
+
+
 def test_forced_ids_feed_the_golden_ids_even_where_the_target_would_pick_others(zoo_dir):
     golden, target = hf_zoo.golden_and_target("qwen2", zoo_dir, dtype="fp32", fault="norm_eps")
     assert _token_ids(target) == _token_ids(golden)
@@ -80,8 +102,9 @@ def test_each_fault_enters_at_its_node_and_token(arch, name, zoo_dir):
     golden, target = hf_zoo.golden_and_target(arch, zoo_dir, dtype="fp32", fault=name)
     assert hf_zoo.first_difference(golden, target) == (fault.from_token, fault.node)
     gold, bad = lwdump.tensors(golden), lwdump.tensors(target)
-    out = (fault.from_token, fault.node, "output")
-    assert not torch.equal(lwdump.load(golden, gold[out]), lwdump.load(target, bad[out]))
+    for token in range(fault.from_token, 5):  # ... and it stays wrong at every later token
+        out = (token, fault.node, "output")
+        assert not torch.equal(lwdump.load(golden, gold[out]), lwdump.load(target, bad[out]))
 
 
 @pytest.mark.parametrize(
@@ -151,7 +174,7 @@ def test_trained_llama_has_outliers_and_a_benign_bf16_run_pairs(zoo_dir):
     ids = hf_zoo.prompt_ids("llama", 64, trained=True)
     assert bytes(ids[0].tolist()).isascii()  # real text
     random_ratio = _outlier_ratio(hf_zoo.build("llama"), ids)
-    assert _outlier_ratio(trained, ids) > 1.5 * random_ratio
+    assert _outlier_ratio(trained, ids) > 1.4 * random_ratio  # measured 6.7 vs 4.0
     golden, target = hf_zoo.golden_and_target("llama", zoo_dir, dtype="bf16", trained=True)
     code, report = hf_zoo.compare_json(golden, target)
     assert report["summary"]["unpaired"] == 0 and report["summary"]["diverged"] == 0

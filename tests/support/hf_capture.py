@@ -83,9 +83,16 @@ def capture(
         FAULTS[fault](arch).apply(model)
     prompt = prompt_ids(arch, prompt_len, seed, trained=trained)
     out = Path(out)
+    if (out / "zoo.json").exists():  # a second run in one process would reuse {device}_{pid}
+        raise ValueError(f"{out} already holds a zoo capture; give each capture its own directory")
     out.mkdir(parents=True, exist_ok=True)
-    with register_hook(model, DumpConfig(dump_path=out, dump_weight=dump_weight)) as handle:
-        fed, argmax = decode(model, prompt, new_tokens, forced_ids)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # same reduction order in every process: cached runs stay comparable
+    try:
+        with register_hook(model, DumpConfig(dump_path=out, dump_weight=dump_weight)) as handle:
+            fed, argmax = decode(model, prompt, new_tokens, forced_ids)
+    finally:
+        torch.set_num_threads(threads)
     run_dir = handle.run_dir
     assert run_dir is not None
     record = {
@@ -109,15 +116,25 @@ def run_record(run_dir: Path) -> dict[str, Any]:
     return json.loads((Path(run_dir).parent / "zoo.json").read_text())
 
 
+def _zoo_digest() -> str:
+    """Hash of the zoo's own source: a changed model, fault, recipe or loop invalidates captures."""
+    here = Path(__file__).parent
+    text = b"".join(
+        (here / f"hf_{name}.py").read_bytes() for name in ("models", "faults", "capture", "train")
+    )
+    return hashlib.sha256(text).hexdigest()
+
+
 def _key(**args: Any) -> str:
-    return hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+    from .hf_train import versions
+
+    blob = json.dumps({**args, "versions": versions(), "zoo": _zoo_digest()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _cached_capture(root: Path, **args: Any) -> Path:
     """``capture(**args)`` into ``root/<hash of args>``, reused when a finished copy is there."""
-    from .hf_train import versions
-
-    key = _key(**args, versions=versions())
+    key = _key(**args)
     final = root / key
     if (final / "zoo.json").is_file():
         return final / run_record_name(final)
@@ -150,8 +167,8 @@ def golden_and_target(
 ) -> tuple[Path, Path]:
     """The fp32 eager golden run and the target forced onto the golden's fed ids.
 
-    Both are cached under ``tmp`` by a hash of their arguments (and torch/transformers
-    versions), so a session-scoped directory makes repeated use in tests cheap.
+    Both are cached under ``tmp`` by a hash of their arguments, the torch/transformers versions
+    and the zoo's source, so a session-scoped directory makes repeated use in tests cheap.
     """
     tmp = Path(tmp)
     tmp.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from .hf_models import layer_prefix, prompt_ids
 LAYER = 1  # middle of the zoo's 3 layers
 NOISE = 0.04  # of the weight's std
 NOISE_SEED = 4321
-EPS_SHARE = 0.05  # a norm's eps is moved by this share of its input's prefill mean square
+EPS_SHARE = 0.03  # a norm's eps is moved by this share of its input's prefill mean square
 
 
 @dataclass(frozen=True)

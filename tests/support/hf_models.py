@@ -52,6 +52,9 @@ def _gpt2(attn: str) -> Any:
         n_positions=256,
         bos_token_id=0,
         eos_token_id=0,
+        resid_pdrop=0.0,  # no dropout while training (the others have none either)
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
         attn_implementation=attn,
     )
 

@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 RECIPE = {
-    "steps": 1800,
+    "steps": 1600,
     "batch": 8,
     "seq": 64,
-    "lr": 3e-3,
-    "weight_decay": 0.1,
+    "lr": 4e-3,
+    "weight_decay": 0.0,
+    "beta2": 0.95,
     "warmup": 20,
     "data_seed": 17,
     "bos": 1,
@@ -96,7 +97,10 @@ def train(model: torch.nn.Module, seed: int = 0) -> list[float]:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     optim = torch.optim.AdamW(
-        model.parameters(), lr=RECIPE["lr"], weight_decay=RECIPE["weight_decay"]
+        model.parameters(),
+        lr=RECIPE["lr"],
+        weight_decay=RECIPE["weight_decay"],
+        betas=(0.9, RECIPE["beta2"]),
     )
     warmup = RECIPE["warmup"]
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -136,9 +140,9 @@ def trained_state(
     if path.is_file():
         return load_file(str(path))
     model = make()
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     losses = train(model, seed)
-    seconds = time.perf_counter() - began
+    seconds, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     tied = getattr(config, "tie_word_embeddings", False)
     if tied:
@@ -147,7 +151,13 @@ def trained_state(
     tmp = directory / f".tmp-{path.name}-{os.getpid()}"
     save_file(state, str(tmp))
     os.replace(tmp, path)
-    info = {"losses": losses, "seconds": round(seconds, 1), "recipe": RECIPE, "arch": arch}
+    info = {
+        "losses": losses,
+        "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu, 1),
+        "recipe": RECIPE,
+        "arch": arch,
+    }
     meta_tmp = directory / f".tmp-{path.stem}.json-{os.getpid()}"
     meta_tmp.write_text(json.dumps(info))
     os.replace(meta_tmp, path.with_suffix(".json"))
