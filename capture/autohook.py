@@ -45,6 +45,7 @@ def config_from_settings(settings: dict[str, Any]) -> DumpConfig:
         keep_tokens=settings.get("keep_tokens"),
         follow=settings.get("follow") or None,
         cases=settings.get("cases"),
+        dump_weight=bool(settings.get("dump_weight", False)),
     )
 
 

@@ -63,6 +63,7 @@ class CaptureOptions:
     """A golden layerwatch dump the child follows (teacher forcing), checked here first."""
     cases: tuple[str, ...] | None = None
     """Capture only these cases (``dump --cases FILE``), read here first."""
+    weights: bool = False
 
     @classmethod
     def from_args(cls, args: object) -> CaptureOptions:
@@ -72,6 +73,7 @@ class CaptureOptions:
             bool(get("stats_only", False)), bool(get("last_logits", False)),
             get("format", "layerwatch") or "layerwatch", get("seed", None),
             _keep_tokens(get("stats_first", False), get("keep_tokens", None)),
+            weights=bool(get("weights", False)),
         )  # fmt: skip
         if opts.tokens:
             parse_tokens(opts.tokens)  # a bad spec fails here, in the launcher, in one line
@@ -106,6 +108,7 @@ class CaptureOptions:
             "keep_tokens": self.keep_tokens,
             "follow": self.follow,
             "cases": None if self.cases is None else list(self.cases),
+            "dump_weight": self.weights,
             "capture_pkg": str(Path(__file__).resolve().parent),
         }
 

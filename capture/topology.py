@@ -6,6 +6,13 @@ in declaration order, ``order`` = completion order at the first dumped token (-1
 and ``params`` = fingerprints of each module's *direct* parameters (the fields of
 ``engine.records.ParamPrint``), taken once at registration so that golden and target modules
 with identical weights can be paired even when their names differ.
+
+Each node also carries ``class`` (the module's qualified class name,
+``transformers.models.gemma.modeling_gemma.GemmaRMSNorm``) and ``attrs`` (its scalar attributes:
+eps, approximate, normalized_shape, padding_idx, dim, p, training, ``has_bias``...): what
+``layerwatch precheck`` needs to recompute an operator from its dumped inputs and weights, and
+what tells two look-alike classes (Llama's ``w·x̂`` and Gemma's ``(1+w)·x̂``) apart. Both keys
+are optional for readers (older dumps lack them).
 """
 
 from __future__ import annotations
@@ -60,6 +67,46 @@ def param_print(param: torch.Tensor) -> dict[str, Any]:
     }
 
 
+_SCALARS = (bool, int, float, str)
+
+
+def _scalar(value: Any) -> Any:
+    """A JSON-able scalar (or tuple of them), else ``None`` (not recorded)."""
+    if value is None or isinstance(value, _SCALARS):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        return value
+    if isinstance(value, torch.Size | tuple | list) and len(value) <= 8:
+        items = [_scalar(v) for v in value]
+        if all(v is not None and not isinstance(v, list) for v in items):
+            return items
+    return None
+
+
+def module_class(module: torch.nn.Module) -> str:
+    """``module.Class`` qualified name of the module's own class."""
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def module_attrs(module: torch.nn.Module) -> dict[str, Any]:
+    """The module's public scalar attributes (from its ``__dict__``), plus ``has_bias``.
+
+    Taken at registration: a forward that temporarily changes an attribute (a wrong kernel)
+    is not what the module says it computes, and precheck should judge against the latter.
+    """
+    attrs: dict[str, Any] = {}
+    for key, value in vars(module).items():
+        if key.startswith("_"):
+            continue
+        scalar = _scalar(value)
+        if scalar is not None or value is None:
+            attrs[key] = scalar
+    if "bias" in module._parameters or hasattr(module, "bias"):
+        attrs["has_bias"] = getattr(module, "bias", None) is not None
+    return attrs
+
+
 def build_topology(model: torch.nn.Module, *, params: bool = True) -> dict[str, Any]:
     """The ``topology.json`` object, every ``order`` still -1."""
     nodes = []
@@ -73,6 +120,8 @@ def build_topology(model: torch.nn.Module, *, params: bool = True) -> dict[str, 
             {
                 "name": name,
                 "type": type(module).__name__,
+                "class": module_class(module),
+                "attrs": module_attrs(module),
                 "parent": parent,
                 "order": -1,
                 "params": prints,

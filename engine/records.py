@@ -186,6 +186,12 @@ class Node:
     """Completion order at the reference token (forward-hook order; inner before outer)."""
     params: dict[str, ParamPrint] = field(default_factory=dict)
     """Direct parameters of this module (not its children's), by local name (``weight``)."""
+    cls: str = ""
+    """Qualified class (``torch.nn.modules.linear.Linear``), or the ATB op type; ``""`` when the
+    dump does not say (older layerwatch dumps)."""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """Scalar attributes recomputation needs (eps, approximate, dim, ``has_bias``...) or an ATB
+    op's parameters; empty when the dump does not record them."""
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ _HANDLERS: dict[str, str] = {
     "open": "layerwatch.tui.frontends:open_main",
     "compare": "layerwatch.engine.runner:compare_main",
     "badcase": "layerwatch.engine.badcase:badcase_main",
+    "precheck": "layerwatch.engine.precheck:precheck_main",
     "scan": "layerwatch.engine.scan_report:scan_main",
 }
 
@@ -60,6 +61,11 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
         "--format", choices=("layerwatch", "msit"), default="layerwatch", help="dump layout"
     )
     group.add_argument("--seed", type=int, help="seed_all(SEED) in the child before it runs")
+    group.add_argument(
+        "--weights",
+        action="store_true",
+        help="also dump every parameter once (dump_weight; `layerwatch precheck` needs them)",
+    )
     group.add_argument(
         "--stats-first",
         action="store_true",
@@ -235,8 +241,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_options(watch)
     add_live_report_options(watch)
 
-    open_ = sub.add_parser("open", help="browse the comparison of two finished dumps")
-    add_dump_pair(open_)
+    open_ = sub.add_parser(
+        "open",
+        help="browse the comparison of two finished dumps, or one dump's precheck",
+    )
+    open_.add_argument("golden", metavar="GOLDEN_OR_DUMP")
+    open_.add_argument(
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="without it: the precheck of GOLDEN_OR_DUMP alone (captured with --weights)",
+    )
     open_.add_argument(
         "--headless", action="store_true", help="print the results instead of opening the TUI"
     )
@@ -256,6 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
     add_compare_options(compare)
+
+    precheck = sub.add_parser(
+        "precheck",
+        help="recompute each operator of one dump in float64 from its own inputs and weights",
+    )
+    precheck.add_argument("dump", metavar="DUMP", help="a dump captured with --weights")
+    precheck.add_argument("-o", "--output", metavar="FILE", help="write the report (.csv or .json)")
+    precheck.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    precheck.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
 
     badcase = sub.add_parser(
         "badcase",

@@ -28,9 +28,10 @@ PROGRESS_EVERY = 1.0
 
 def _session(args: argparse.Namespace, tokens: str | None = None) -> Any:
     from layerwatch.capture.tokens import parse_tokens
+    from layerwatch.engine.precheck import precheck_sentence
     from layerwatch.engine.session.core import CompareSession
 
-    return CompareSession(
+    session = CompareSession(
         thresholds=getattr(args, "thresholds", None),
         mapping=getattr(args, "map", None),
         tokens=parse_tokens(tokens) if tokens else None,
@@ -38,6 +39,8 @@ def _session(args: argparse.Namespace, tokens: str | None = None) -> Any:
         auto_map=True if getattr(args, "auto_map", False) else None,
         side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
     )
+    session.operator_check = precheck_sentence  # the operator view adds the op's own precheck
+    return session
 
 
 def _launch_dir(out: Path, side: str) -> Path:
@@ -89,6 +92,8 @@ def open_main(args: argparse.Namespace) -> int:
     from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
     from layerwatch.engine.readers import resolve
 
+    if args.target is None:
+        return open_precheck(args)
     for path, side in ((args.golden, "golden"), (args.target, "target")):
         if not Path(path).exists():
             raise LayerwatchError(f"{side} dump {path}: no such file or directory")
@@ -98,6 +103,28 @@ def open_main(args: argparse.Namespace) -> int:
         session=_session(args),
     )  # fmt: skip
     return present(pipeline, args, f"layerwatch open · {args.golden} vs {args.target}", live=False)
+
+
+def open_precheck(args: argparse.Namespace) -> int:
+    """``layerwatch open DUMP``: the precheck grid in the TUI; headless, ``precheck``'s output."""
+    if not Path(args.golden).exists():
+        raise LayerwatchError(f"{args.golden}: no such file or directory")
+    if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        from layerwatch.engine.precheck import precheck_main
+
+        args.dump = args.golden
+        return precheck_main(args)
+    from layerwatch.engine.precheck_view import PrecheckSource
+    from layerwatch.tui.app import run_app
+
+    source = PrecheckSource(args.golden)
+    with interrupt_on_signals():
+        try:
+            run_app(source, title=f"layerwatch precheck · {args.golden}")
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+    report = source.report
+    return 1 if report is not None and (report.failed or report.errors) else 0
 
 
 def _name(text: str | None) -> str:

@@ -1,4 +1,5 @@
-"""The numerics: metrics, segments, logits, statistics, thresholds, ``compare_pair``, explain.
+"""The numerics: metrics, segments, logits, statistics, thresholds, local verdicts, precheck
+references, ``compare_pair``, explain.
 
 Functions of arrays and plain records. Below the session and every front end: from the rest of
 the engine they import only ``records``, ``seam`` (the plain result records they fill) and

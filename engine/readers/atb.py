@@ -412,9 +412,12 @@ class AtbReader(DirectoryReader):
 
         def walk(item: dict, index: int, parent: str) -> None:
             name = f"{parent}.{index}_{item.get('opType', '')}"
-            topo.add(
+            node = topo.add(
                 name, str(item.get("opType", "")), parent, structural_order(name.split(".")[1:])
             )
+            node.cls = str(item.get("opType", ""))
+            if isinstance(item.get("param"), dict):
+                node.attrs = dict(item["param"])  # the op's parameters (precheck reads them)
             state.op_names[name] = str(item.get("opName", ""))
             for i, child in enumerate(item.get("nodes") or ()):
                 walk(child, i, name)

@@ -269,6 +269,10 @@ def parse_topology(obj: dict) -> Topology:
             item.get("parent"),
             int(item.get("order", -1)),
         )
+        node.cls = str(item.get("class") or node.cls)
+        attrs = item.get("attrs")
+        if isinstance(attrs, dict):
+            node.attrs = dict(attrs)
         for pname, p in (item.get("params") or {}).items():
             node.params[str(pname)] = ParamPrint(
                 shape=tuple(int(d) for d in p.get("shape", ())),

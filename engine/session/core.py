@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from layerwatch.capture.tokens import TokenSelection
-from layerwatch.engine.records import PairResult, TensorKey, TensorRecord, Topology, Verdict
+from layerwatch.engine.records import (
+    Locator,
+    PairResult,
+    TensorKey,
+    TensorRecord,
+    Topology,
+    Verdict,
+)
 from layerwatch.engine.seam import (
     BlockInfo,
     CellUpdate,
@@ -36,6 +43,11 @@ from layerwatch.engine.session.state import SIDES, SessionState
 
 if TYPE_CHECKING:
     from layerwatch.engine.numerics.thresholds import Thresholds
+
+OperatorCheck = Callable[
+    [TensorRecord, dict[TensorKey, TensorRecord], Topology | None, dict[str, Locator]], str
+]
+"""(target record, that call's records, target topology, target weights) → one line or ``""``."""
 
 
 class CompareSession(SessionState):
@@ -71,6 +83,10 @@ class CompareSession(SessionState):
         self.pairer = Pairer(mapping, auto_map)
         self.runner = JobRunner(compare, thresholds, jobs)
         self.runner.side_stats = side_stats  # statistics of stat-less records (CSV columns)
+        self.operator_check: OperatorCheck | None = None
+        """The target op's own precheck sentence for the operator view
+        (``engine/precheck.precheck_sentence``), set by the front ends that build the session:
+        the session sits below the precheck driver."""
         self._flush_lock = threading.Lock()
         self._reuse: dict[tuple[object, ...], PairResult] = {}
         """Raw result per (golden payload, target payload, logits): identical bytes compare once."""
@@ -243,7 +259,29 @@ class CompareSession(SessionState):
         from layerwatch.engine.numerics.explain import explain
 
         inputs = self.inputs_of(result)  # takes the lock briefly; loading happens without it
-        return explain(result, self.thresholds, inputs)
+        detail = explain(result, self.thresholds, inputs)
+        line = self._precheck_line(result)
+        if line:
+            detail.sentence = f"{detail.sentence} · {line}" if detail.sentence else line
+        return detail
+
+    def _precheck_line(self, result: PairResult) -> str:
+        """The target op's own precheck when the target has weights (:attr:`operator_check`)."""
+        if result.target is None or self.operator_check is None:
+            return ""
+        from layerwatch.engine.numerics.precheck import CALL_STEMS
+
+        key = result.target.key
+        with self._lock:
+            side = self._records["target"]
+            records = {
+                k: side[k]
+                for stem in CALL_STEMS
+                if (k := TensorKey(key.token, key.node, stem, key.rank)) in side
+            }
+            topology = self._topo.get("target")
+            weights = dict(self._weights["target"])
+        return self.operator_check(result.target, records, topology, weights)
 
     # --- internals -------------------------------------------------------------------------
     def _aligned(self, item: Work) -> Work:
