@@ -25,6 +25,7 @@ _HANDLERS: dict[str, str] = {
     "open": "layerwatch.tui.frontends:open_main",
     "compare": "layerwatch.engine.runner:compare_main",
     "badcase": "layerwatch.engine.badcase:badcase_main",
+    "weights": "layerwatch.engine.weights:weights_main",
 }
 
 
@@ -232,6 +233,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the report (.csv msit columns, .json or .jsonl)",
     )
     badcase.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+
+    weights = sub.add_parser(
+        "weights",
+        help="compare two checkpoints tensor by tensor (float/bf16/fp16/int8/fp8): exit 1 on a"
+        " failure",
+    )
+    weights.add_argument(
+        "golden", metavar="GOLDEN", help="checkpoint folder, state-dict file, dump"
+    )
+    weights.add_argument("target", metavar="TARGET", help="the converted or quantised checkpoint")
+    weights.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the report (.csv msit -w columns, .json, .jsonl)",
+    )
+    weights.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     return parser
 
 
