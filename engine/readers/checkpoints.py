@@ -209,6 +209,14 @@ def _dump_weights(ws: WeightSet, root: Path) -> bool:
     return found
 
 
+def _msit_weights(root: Path) -> list[Path]:
+    """msit's ``weights/*.pth`` of the first rank directory that has them (ranks share weights)."""
+    for folder in sorted(root.rglob("weights")):
+        if folder.is_dir() and (files := sorted(folder.glob("*.pth"))):
+            return files
+    return []
+
+
 def open_weights(path: str | os.PathLike[str]) -> WeightSet:
     """Every tensor ``path`` holds (see the module docstring for the accepted layouts)."""
     p = Path(path)
@@ -229,7 +237,7 @@ def open_weights(path: str | os.PathLike[str]) -> WeightSet:
     elif files := sorted(p.glob("pytorch_model*.bin")):
         for f in files:
             _add_file(ws, f)
-    elif (p / "weights").is_dir() and (files := sorted((p / "weights").glob("*.pth"))):
+    elif files := _msit_weights(p):
         for f in files:  # msit: one tensor per file, named by the file (root.<module>.<param>)
             _add_file(ws, f, prefix=f.stem)
     elif not _dump_weights(ws, p):

@@ -216,3 +216,24 @@ def test_csv_report_has_msit_columns(
     header = out.read_text().splitlines()[0].split(",")
     assert header[:3] == ["weight_name", "golden_dtype", "golden_shape"]
     assert "relative_euclidean_distance" in header and header[-2:] == ["verdict", "reason"]
+
+
+def test_dumped_weights_match_the_checkpoint(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A layerwatch dump's weights (root.<param> names) against the checkpoint they came from,
+    and msit's ``weights/`` of the same tiny model against that dump."""
+    from layerwatch.capture import DumpConfig, register_hook
+
+    torch.manual_seed(0)
+    model = build().eval()
+    with register_hook(model, DumpConfig(dump_path=str(tmp_path), dump_weight=True)):
+        with torch.no_grad():
+            model(torch.tensor([[11, 42, 7]]))
+    code, obj = _run(capsys, str(golden), str(tmp_path))
+    assert code == 0, obj.get("first_failure")
+    assert obj["summary"]["compared"] >= 10
+    assert {r["matched_by"] for r in obj["rows"]} == {"prefix"}
+    msit = Path(__file__).parents[1] / "fixtures" / "msit" / "golden"
+    code, obj = _run(capsys, str(msit), str(tmp_path))
+    assert obj["summary"]["compared"] >= 10 and obj["summary"]["unmatched_golden"] == 0
