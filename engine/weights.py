@@ -220,7 +220,7 @@ def _as_float(value: Any) -> np.ndarray:
     from layerwatch.engine.numerics.metrics import to_numpy
 
     arr, _ = to_numpy(value)
-    if arr.dtype.kind != "f":
+    if arr.dtype.kind != "f" or arr.dtype.itemsize < 4:  # ints, fp16: float32 suffices
         arr = arr.astype(np.float32)
     return arr
 

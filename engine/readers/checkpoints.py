@@ -1,8 +1,8 @@
 """Weights on one side of ``layerwatch weights``: a checkpoint folder, a state-dict file, a dump.
 
 Nothing is loaded up front: each :class:`WeightEntry` knows its name, dtype and shape and loads
-its tensor on demand (safetensors memory-maps the file; ``torch.load(mmap=True)`` maps a zip
-``.bin``), so a comparison holds one tensor pair at a time. Pickles are opened only with
+its tensor on demand (safetensors headers give each tensor's byte range, read on demand;
+``torch.load(mmap=True)`` maps a zip ``.bin``), so a comparison holds one tensor pair at a time. Pickles are opened only with
 ``weights_only=True``: a file that would run code is refused with a note, never executed.
 
 A problem with one file (a missing shard, a truncated file, a refused pickle) becomes a note in
@@ -55,22 +55,40 @@ def _torch_dtype(dtype: Any) -> str:
 
 
 def _add_safetensors(ws: WeightSet, path: Path) -> None:
-    from safetensors import safe_open
+    """Parse the JSON header; each tensor becomes a :class:`Locator` read by engine/readers/load.py.
+
+    Plain reads, not a memory map: the pages of a mapped multi-GB shard would stay in the
+    process's resident set until the map closes, and RSS must stay near one tensor pair.
+    """
+    import struct
+
+    from layerwatch.engine.readers.load import canonical_dtype, load_array
+    from layerwatch.engine.records import Locator
 
     try:
-        handle = safe_open(str(path), framework="pt")  # memory-mapped; kept open by the closures
-        names = sorted(handle.keys(), key=natural_key)  # the header is sorted as text
-        for name in names:
-            piece = handle.get_slice(name)
-            dtype = _SAFETENSORS_DTYPES.get(piece.get_dtype(), piece.get_dtype().lower())
-            ws.entries[name] = WeightEntry(
-                name,
-                dtype,
-                tuple(int(d) for d in piece.get_shape()),
-                str(path),
-                lambda h=handle, n=name: h.get_tensor(n),
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > min(size - 8, 100 << 20):
+                raise ValueError("header length past the end of the file")
+            header = json.loads(fh.read(n))
+        base = 8 + n
+        items = [(k, v) for k, v in header.items() if k != "__metadata__"]
+        for name, info in sorted(
+            items, key=lambda kv: natural_key(kv[0])
+        ):  # header is sorted as text
+            begin, end = (int(x) for x in info["data_offsets"])
+            if base + end > size:
+                ws.notes.append(f"{path}: truncated ({size} bytes, {name} needs {base + end})")
+                continue
+            dtype = _SAFETENSORS_DTYPES.get(str(info["dtype"]), str(info["dtype"]).lower())
+            loc = Locator(
+                str(path), base + begin, end - begin, canonical_dtype(dtype), tuple(info["shape"])
             )
-    except Exception as exc:  # safetensors raises its own error types for a damaged header
+            ws.entries[name] = WeightEntry(
+                name, dtype, loc.shape, str(path), lambda lc=loc: load_array(lc)
+            )
+    except (OSError, ValueError, KeyError, TypeError, struct.error, LayerwatchError) as exc:
         ws.notes.append(f"{path}: unreadable safetensors file ({_reason(exc)})")
 
 
@@ -203,7 +221,7 @@ def _dump_weights(ws: WeightSet, root: Path) -> bool:
                     loc.dtype,
                     loc.shape,
                     loc.path,
-                    lambda lc=loc: load_array(lc, as_float=True),
+                    lambda lc=loc: load_array(lc),
                 ),
             )
     return found

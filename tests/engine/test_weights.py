@@ -227,9 +227,9 @@ def test_dumped_weights_match_the_checkpoint(
 
     torch.manual_seed(0)
     model = build().eval()
-    with register_hook(model, DumpConfig(dump_path=str(tmp_path), dump_weight=True)):
-        with torch.no_grad():
-            model(torch.tensor([[11, 42, 7]]))
+    config = DumpConfig(dump_path=str(tmp_path), dump_weight=True)
+    with register_hook(model, config), torch.no_grad():
+        model(torch.tensor([[11, 42, 7]]))
     code, obj = _run(capsys, str(golden), str(tmp_path))
     assert code == 0, obj.get("first_failure")
     assert obj["summary"]["compared"] >= 10
