@@ -190,13 +190,16 @@ def test_corrupted_shard_is_named_others_compared(
 
 
 class _Evil:
+    marker = ""
+
     def __reduce__(self) -> tuple:
-        return (os.system, ("echo pwned",))
+        return (os.mkdir, (self.marker,))
 
 
 def test_bad_inputs_exit_2(
     tmp_path: Path, golden: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    _Evil.marker = str(tmp_path / "ran")
     evil = tmp_path / "evil.pth"
     evil.write_bytes(pickle.dumps({"w": _Evil()}))
     torch.save({"w": _Evil()}, tmp_path / "evil_zip.pt")
@@ -204,7 +207,13 @@ def test_bad_inputs_exit_2(
         assert main(["weights", str(golden), str(target)]) == 2
         err = capsys.readouterr().err
         assert "Traceback" not in err and str(target) in err
-    (tmp_path / "bad.json").write_text("{}")
+    assert not (tmp_path / "ran").exists()
+    bad_index = tmp_path / "idx"
+    bad_index.mkdir()
+    index = bad_index / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"a": "gone.safetensors"}}')
+    assert main(["weights", str(golden), str(bad_index)]) == 2
+    assert "gone.safetensors" in capsys.readouterr().err
     assert main(["weights", str(golden), str(golden), "-o", str(tmp_path / "bad.txt")]) == 2
 
 
