@@ -246,3 +246,28 @@ def test_dumped_weights_match_the_checkpoint(
     msit = Path(__file__).parents[1] / "fixtures" / "msit" / "golden"
     code, obj = _run(capsys, str(msit), str(tmp_path))
     assert obj["summary"]["compared"] >= 10 and obj["summary"]["unmatched_golden"] == 0
+
+
+def test_compare_root_cause_says_weights_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A target whose down_proj weight was perturbed: ``compare`` blames the weights."""
+    from layerwatch.capture import DumpConfig, register_hook
+
+    for side, fault in (("g", False), ("t", True)):
+        torch.manual_seed(0)
+        model = build(fault=fault).eval()
+        with register_hook(model, DumpConfig(dump_path=str(tmp_path / side))), torch.no_grad():
+            model(torch.tensor([[11, 42, 7]]))
+    code = main(["compare", str(tmp_path / "g"), str(tmp_path / "t")])
+    out = capsys.readouterr().out
+    assert code == 1
+    cause = next(line for line in out.splitlines() if line.startswith("root cause"))
+    assert "mlp.down_proj" in cause and "weights differ" in cause
+    from layerwatch.engine.readers import open_dump
+    from layerwatch.engine.session.findings import weights_differ
+
+    topo = [open_dump(tmp_path / s).poll().topology for s in ("g", "t")]
+    node = "root.model.layers.1.mlp.down_proj"
+    assert weights_differ(*topo, node).startswith("weights differ: weight (norm ")
+    assert weights_differ(*topo, "root.model.layers.1.mlp.up_proj") == ""
