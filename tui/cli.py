@@ -27,6 +27,7 @@ _HANDLERS: dict[str, str] = {
     "badcase": "layerwatch.engine.badcase:badcase_main",
     "precheck": "layerwatch.engine.precheck:precheck_main",
     "scan": "layerwatch.engine.scan_report:scan_main",
+    "weights": "layerwatch.engine.weights:weights_main",
 }
 
 
@@ -305,6 +306,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scan.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     add_scan_bounds(scan)
+
+    weights = sub.add_parser(
+        "weights",
+        help="compare two checkpoints tensor by tensor (float/bf16/fp16/int8/fp8): exit 1 on a"
+        " failure",
+    )
+    weights.add_argument(
+        "golden", metavar="GOLDEN", help="checkpoint folder, state-dict file, dump"
+    )
+    weights.add_argument("target", metavar="TARGET", help="the converted or quantised checkpoint")
+    weights.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the report (.csv msit -w columns, .json, .jsonl)",
+    )
+    weights.add_argument("--json", action="store_true", help="print one JSON object to stdout")
     return parser
 
 

@@ -45,6 +45,10 @@ SECTION_METRICS = {
     "logits": TENSOR_METRICS | LOGIT_METRICS,
     "statistics": frozenset(r.STAT_METRICS) | NONFINITE_METRICS,
 }
+WEIGHT_KINDS = frozenset({"exact", "fp16", "bf16", "int8", "fp8"})
+WEIGHT_METRICS = frozenset(
+    {"cosine_similarity", "relative_euclidean_distance", "norm_relative_error"}
+)
 ALL_METRICS = TENSOR_METRICS | LOGIT_METRICS | SECTION_METRICS["statistics"]
 LOCAL_KEYS = frozenset({"red_gain", "red", "scale_gain", "scale"})
 """Keys of one ``[local.<class>]`` entry (engine/numerics/local.py says what they mean)."""
@@ -119,6 +123,14 @@ def validate(raw: dict[str, Any], path: str) -> None:
                         raise bad(f"{where}.{metric}")
                     else:
                         check_limit(f"{where}.{metric}", v)
+        elif key == "weights":  # `layerwatch weights` limits per target kind (engine/weights.py)
+            for kind, table in _table(value, key, bad).items():
+                if kind not in WEIGHT_KINDS:
+                    raise bad(f"weights.{kind}")
+                for metric, v in _table(table, f"weights.{kind}", bad).items():
+                    if metric not in WEIGHT_METRICS:
+                        raise bad(f"weights.{kind}.{metric}")
+                    check_limit(f"weights.{kind}.{metric}", v)
         else:
             raise bad(key)
 

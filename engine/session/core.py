@@ -334,6 +334,11 @@ class CompareSession(SessionState):
                 if captured
                 else "output fails; its inputs were not captured"
             )
+            differ = findings.weights_differ(
+                self._topo.get("golden"), self._topo.get("target"), result.key.node
+            )
+            if differ:
+                why = f"{differ}; {why}"
             self._root_cause = self._finding(result, why)
         if self._logits_seen:
             bad = [t for t, n in self._logits_fails.items() if n > 0]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from layerwatch.engine.records import PairResult, TensorKey, Verdict
+from layerwatch.engine.records import PairResult, TensorKey, Topology, Verdict
 
 _UNKNOWN = 1 << 40
 _DIGITS = re.compile(r"(\d+)")
@@ -67,3 +67,27 @@ def root_cause(
             continue
         return result, bool(inputs)
     return None
+
+
+def weights_differ(golden: Topology | None, target: Topology | None, node: str) -> str:
+    """``weights differ: weight (norm 1.23 vs 1.27)`` when ``node``'s parameter fingerprints
+    (topology.json, taken at hook time) disagree beyond a dtype cast; ``""`` when they agree
+    or either side has none. A failing operator with different weights is a conversion bug,
+    not a kernel bug: the root cause says so.
+    """
+    from layerwatch.engine.session.weightmap import prints_agree
+
+    g = golden.nodes.get(node) if golden is not None else None
+    t = target.nodes.get(node) if target is not None else None
+    if g is None or t is None:
+        return ""
+    bad = []
+    for name, gp in g.params.items():
+        tp = t.params.get(name)
+        if tp is None:
+            continue
+        if gp.shape != tp.shape:
+            bad.append(f"{name} (shape {list(gp.shape)} vs {list(tp.shape)})")
+        elif not prints_agree(gp, tp):
+            bad.append(f"{name} (norm {gp.norm:.6g} vs {tp.norm:.6g})")
+    return f"weights differ: {', '.join(bad)}" if bad else ""

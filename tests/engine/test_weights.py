@@ -1,0 +1,273 @@
+"""``layerwatch weights``: real checkpoints of a tiny Llama, converted and broken on purpose."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from layerwatch.tui.cli import main
+from safetensors.torch import load_file, save_file
+
+from tests.fixtures.tiny_llama import build
+
+DOWN = "model.layers.1.mlp.down_proj.weight"
+UP = "model.layers.1.mlp.up_proj.weight"
+Q = "model.layers.0.self_attn.q_proj.weight"
+K = "model.layers.0.self_attn.k_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("golden")
+    build().save_pretrained(path)
+    return path
+
+
+def _state(golden: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(golden / "model.safetensors"))
+
+
+def _save(tmp_path: Path, state: dict[str, torch.Tensor], name: str = "model.safetensors") -> Path:
+    out = tmp_path / "target"
+    out.mkdir(exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / name))
+    return out
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    code = main(["weights", *args, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+def _int8(state: dict[str, torch.Tensor], offset: bool = False) -> dict[str, torch.Tensor]:
+    """Per-output-channel symmetric (or asymmetric with an offset) int8 of every 2-D weight."""
+    out: dict[str, torch.Tensor] = {}
+    for name, w in state.items():
+        if w.ndim != 2 or not name.endswith("proj.weight"):
+            out[name] = w
+            continue
+        w = w.float()
+        if offset:
+            lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+            scale = (hi - lo) / 255
+            off = torch.round(-128 - lo / scale)
+            q = torch.clamp(torch.round(w / scale + off), -128, 127)
+            out[name + "_offset"] = off.squeeze(1)
+        else:
+            scale = w.abs().amax(1, keepdim=True) / 127
+            q = torch.clamp(torch.round(w / scale), -127, 127)
+        out[name] = q.to(torch.int8)
+        out[name + "_scale"] = scale.squeeze(1)
+    return out
+
+
+def _fp8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for name, w in state.items():
+        if w.ndim != 2 or not name.endswith("proj.weight"):
+            out[name] = w
+            continue
+        scale = w.float().abs().max() / 448
+        out[name] = (w.float() / scale).to(torch.float8_e4m3fn)
+        out[name + "_scale"] = scale.reshape(1)
+    return out
+
+
+def test_same_checkpoint_passes_sharded_and_bin(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.manual_seed(0)
+    model = build()
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    model.save_pretrained(tmp_path / "bin", safe_serialization=False)
+    for other in ("sharded", "bin"):
+        code, obj = _run(capsys, str(golden), str(tmp_path / other))
+        assert code == 0, obj
+        assert obj["summary"]["failed"] == 0
+        assert obj["summary"]["compared"] == len(_state(golden)), other
+        assert obj["first_failure"] is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cast_passes(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: torch.dtype
+) -> None:
+    target = _save(tmp_path, {k: v.to(dtype) for k, v in _state(golden).items()})
+    code, obj = _run(capsys, str(golden), str(target))
+    assert code == 0, obj["first_failure"]
+    assert {r["kind"] for r in obj["rows"]} == {"bf16" if dtype == torch.bfloat16 else "fp16"}
+
+
+@pytest.mark.parametrize("offset", [False, True])
+def test_int8_per_channel_passes(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], offset: bool
+) -> None:
+    target = _save(tmp_path, _int8(_state(golden), offset))
+    code, obj = _run(capsys, str(golden), str(target))
+    assert code == 0, obj["first_failure"]
+    assert obj["summary"]["unmatched_target"] == 0  # scales and offsets are consumed
+    assert "int8" in {r["kind"] for r in obj["rows"]}
+
+
+def test_fp8_passes(golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = _save(tmp_path, _fp8(_state(golden)))
+    code, obj = _run(capsys, str(golden), str(target))
+    assert code == 0, obj["first_failure"]
+    assert "fp8" in {r["kind"] for r in obj["rows"]}
+
+
+def _faulty(state: dict[str, torch.Tensor], fault: str) -> dict[str, torch.Tensor]:
+    state = dict(state)
+    if fault == "scaled":
+        state[DOWN] = state[DOWN] * 1.03
+    elif fault == "transposed":
+        state[Q] = state[Q].t()  # square: same shape, wrong layout
+    elif fault == "swapped":
+        state[Q], state[K] = state[K], state[Q]
+    return state
+
+
+@pytest.mark.parametrize("convert", ["bf16", "int8", "fp8"])
+@pytest.mark.parametrize("fault", ["scaled", "transposed", "swapped", "wrong_scale"])
+def test_one_tensor_fault_fails(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], convert: str, fault: str
+) -> None:
+    state = _state(golden)
+    if fault != "wrong_scale":
+        state = _faulty(state, fault)
+    if convert == "bf16":
+        if fault == "wrong_scale":
+            pytest.skip("a cast has no scale")
+        state = {k: v.to(torch.bfloat16) for k, v in state.items()}
+    else:
+        state = _int8(state) if convert == "int8" else _fp8(state)
+        if fault == "wrong_scale":
+            state[DOWN + "_scale"] = state[DOWN + "_scale"] * 1.03
+    code, obj = _run(capsys, str(golden), str(_save(tmp_path, state)))
+    assert code == 1
+    expected = {"scaled": [DOWN], "wrong_scale": [DOWN], "transposed": [Q], "swapped": [K, Q]}
+    assert obj["failures"] == expected[fault], obj["rows"]
+
+
+def test_prefix_and_fingerprint_matching(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = _state(golden)
+    renamed = {"module." + k: v for k, v in state.items()}
+    renamed["module.renamed.down"] = renamed.pop("module." + DOWN)
+    renamed["extra.bias"] = torch.zeros(3)
+    code, obj = _run(capsys, str(golden), str(_save(tmp_path, renamed)))
+    assert code == 0
+    how = {r["name"]: r["matched_by"] for r in obj["rows"]}
+    assert how[DOWN] == "fingerprint" and how[UP] == "prefix"
+    assert obj["unmatched_target"] == ["extra.bias"]
+
+
+def test_corrupted_shard_is_named_others_compared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.manual_seed(0)
+    model = build()
+    model.save_pretrained(tmp_path / "g", max_shard_size="20KB")
+    model.save_pretrained(tmp_path / "t", max_shard_size="20KB")
+    shards = sorted((tmp_path / "t").glob("*.safetensors"))
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[: len(data) // 2])  # truncated
+    shards[2].unlink()  # named by the index, missing
+    code = main(["weights", str(tmp_path / "g"), str(tmp_path / "t"), "--json"])
+    obj = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert obj["summary"]["compared"] > 0 and obj["summary"]["unmatched_golden"] > 0
+    notes = " ".join(obj["notes"])
+    assert shards[1].name in notes and shards[2].name in notes and "missing" in notes
+
+
+class _Evil:
+    marker = ""
+
+    def __reduce__(self) -> tuple:
+        return (os.mkdir, (self.marker,))
+
+
+def test_bad_inputs_exit_2(
+    tmp_path: Path, golden: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _Evil.marker = str(tmp_path / "ran")
+    evil = tmp_path / "evil.pth"
+    evil.write_bytes(pickle.dumps({"w": _Evil()}))
+    torch.save({"w": _Evil()}, tmp_path / "evil_zip.pt")
+    for target in (tmp_path / "nope", evil, tmp_path / "evil_zip.pt"):
+        assert main(["weights", str(golden), str(target)]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and str(target) in err
+    assert not (tmp_path / "ran").exists()
+    bad_index = tmp_path / "idx"
+    bad_index.mkdir()
+    index = bad_index / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"a": "gone.safetensors"}}')
+    assert main(["weights", str(golden), str(bad_index)]) == 2
+    assert "gone.safetensors" in capsys.readouterr().err
+    assert main(["weights", str(golden), str(golden), "-o", str(tmp_path / "bad.txt")]) == 2
+
+
+def test_csv_report_has_msit_columns(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "w.csv"
+    assert main(["weights", str(golden), str(golden / "model.safetensors"), "-o", str(out)]) == 0
+    header = out.read_text().splitlines()[0].split(",")
+    assert header[:3] == ["weight_name", "golden_dtype", "golden_shape"]
+    assert "relative_euclidean_distance" in header and header[-2:] == ["verdict", "reason"]
+
+
+def test_dumped_weights_match_the_checkpoint(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A layerwatch dump's weights (root.<param> names) against the checkpoint they came from,
+    and msit's ``weights/`` of the same tiny model against that dump."""
+    from layerwatch.capture import DumpConfig, register_hook
+
+    torch.manual_seed(0)
+    model = build().eval()
+    config = DumpConfig(dump_path=str(tmp_path), dump_weight=True)
+    with register_hook(model, config), torch.no_grad():
+        model(torch.tensor([[11, 42, 7]]))
+    code, obj = _run(capsys, str(golden), str(tmp_path))
+    assert code == 0, obj.get("first_failure")
+    assert obj["summary"]["compared"] >= 10
+    assert {r["matched_by"] for r in obj["rows"]} == {"prefix"}
+    msit = Path(__file__).parents[1] / "fixtures" / "msit" / "golden"
+    code, obj = _run(capsys, str(msit), str(tmp_path))
+    assert obj["summary"]["compared"] >= 10 and obj["summary"]["unmatched_golden"] == 0
+
+
+def test_compare_root_cause_says_weights_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A target whose down_proj weight was perturbed: ``compare`` blames the weights."""
+    from layerwatch.capture import DumpConfig, register_hook
+
+    for side, fault in (("g", False), ("t", True)):
+        torch.manual_seed(0)
+        model = build(fault=fault).eval()
+        with register_hook(model, DumpConfig(dump_path=str(tmp_path / side))), torch.no_grad():
+            model(torch.tensor([[11, 42, 7]]))
+    code = main(["compare", str(tmp_path / "g"), str(tmp_path / "t")])
+    out = capsys.readouterr().out
+    assert code == 1
+    cause = next(line for line in out.splitlines() if line.startswith("root cause"))
+    assert "mlp.down_proj" in cause and "weights differ" in cause
+    from layerwatch.engine.readers import open_dump
+    from layerwatch.engine.session.findings import weights_differ
+
+    topo = [open_dump(tmp_path / s).poll().topology for s in ("g", "t")]
+    node = "root.model.layers.1.mlp.down_proj"
+    assert weights_differ(*topo, node).startswith("weights differ: weight (norm ")
+    assert weights_differ(*topo, "root.model.layers.1.mlp.up_proj") == ""
