@@ -199,6 +199,7 @@ def report(pipeline: Any, args: argparse.Namespace, out: TextIO, interrupted: bo
         summary_with_report=True,
         notes=pipeline.notes,
         failed_commands=pipeline.failed_commands,
+        allow_partial=bool(getattr(args, "allow_partial", False)),
     )
     return EXIT_INTERRUPTED if interrupted else code
 

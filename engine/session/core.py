@@ -202,6 +202,11 @@ class CompareSession(SessionState):
         with self._lock:
             return list(self._notes)
 
+    def token_ids(self, side: str) -> dict[int, tuple[int, ...]]:
+        """The input ids each token of ``side`` was fed (from its dump's token records)."""
+        with self._lock:
+            return dict(self._token_ids[side])
+
     def progress(self) -> dict[str, tuple[int, int]]:
         """Per side: (tokens seen, tensors seen), for status lines."""
         with self._lock:
