@@ -59,7 +59,17 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
     demo = root / "demo"
     subprocess.run(
-        [sys.executable, "-m", "layerwatch.capture.demo", "--new-tokens", "3", "--layers", "2", "--dump", str(demo)],
+        [
+            sys.executable,
+            "-m",
+            "layerwatch.capture.demo",
+            "--new-tokens",
+            "3",
+            "--layers",
+            "2",
+            "--dump",
+            str(demo),
+        ],
         check=True,
         capture_output=True,
         timeout=180,
@@ -175,3 +185,18 @@ def test_a_random_bytes_payload_is_unusable_input(dumps: dict[str, Path], tmp_pa
     data = payload(junk)
     data.write_bytes(os.urandom(data.stat().st_size))
     one_line_exit_2(layerwatch("compare", dumps["golden"], junk), "not a safetensors file")
+
+
+@pytest.mark.parametrize(("fault", "code"), [("noisy_weight", 1), ("none", 0)])
+def test_demo_headless_exits_as_compare_would(fault: str, code: int) -> None:
+    """The planted fault found is a finding (1), as compare says it; the clean demo is 0."""
+    args = ["demo", "--headless", "--new-tokens", "2", "--fault", fault]
+    done = subprocess.run(
+        [sys.executable, "-m", "layerwatch.tui", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == code, done.stderr[-2000:]
+    assert ("first failure:   none" in done.stdout) == (code == 0), done.stdout
