@@ -121,6 +121,7 @@ def _report_object(session: Any, results: Sequence[PairResult]) -> dict[str, Any
         session.first_failure,
         session.root_cause,
         session.first_bad_token,
+        getattr(session, "divergence", None),
     )
 
 

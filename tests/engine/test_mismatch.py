@@ -30,7 +30,9 @@ def layerwatch(*args: str | Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def llama_dump(out: Path, prompt: str = PROMPT, new_tokens: int = 3, layers: str = "") -> Path:
+def llama_dump(
+    out: Path, prompt: str = PROMPT, new_tokens: int = 3, layers: str = "", noise: float = 0.0
+) -> Path:
     subprocess.run(
         [
             sys.executable,
@@ -39,6 +41,7 @@ def llama_dump(out: Path, prompt: str = PROMPT, new_tokens: int = 3, layers: str
             prompt,
             str(new_tokens),
             layers,
+            str(noise),
         ],
         check=True,
         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
@@ -56,6 +59,7 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "prompt": llama_dump(root / "prompt", prompt="11,42,7,94"),
         "short": llama_dump(root / "short", new_tokens=2),
         "mlp": llama_dump(root / "mlp", layers="root.model.layers.1.mlp*"),
+        "fault": llama_dump(root / "fault", noise=50.0),
     }
     demo = root / "demo"
     subprocess.run(
@@ -200,3 +204,34 @@ def test_demo_headless_exits_as_compare_would(fault: str, code: int) -> None:
     )
     assert done.returncode == code, done.stderr[-2000:]
     assert ("first failure:   none" in done.stdout) == (code == 0), done.stdout
+
+
+def test_same_tokens_have_no_divergence_record(dumps: dict[str, Path]) -> None:
+    done = layerwatch("compare", dumps["golden"], dumps["same"], "--json")
+    report = json.loads(done.stdout)
+    assert "divergence" in report and report["divergence"] is None
+
+
+def test_a_confident_flip_is_a_divergence_record_and_a_finding(dumps: dict[str, Path]) -> None:
+    """Noise of 50 weight stds in one down_proj: the first generated token differs, and the
+    golden preferred its token by more than the fp32 margin bound (engine/thresholds.toml)."""
+    done = layerwatch("compare", dumps["golden"], dumps["fault"], "--json")
+    report = json.loads(done.stdout)
+    parted = report["divergence"]
+    ids = {}
+    for side in ("golden", "fault"):
+        index = next(dumps[side].glob("*/index.jsonl")).read_text().splitlines()
+        tokens = [json.loads(x) for x in index if '"k":"token"' in x]
+        ids[side] = {t["token"]: t["input_ids"] for t in tokens}
+    first = min(t for t in ids["golden"] if ids["golden"][t] != ids["fault"][t])
+    assert parted["token"] == first - 1
+    assert parted["golden_id"] == ids["golden"][first][-1]
+    assert parted["target_id"] == ids["fault"][first][-1]
+    assert parted["golden_margin"] > 0.02 and parted["near_tie"] is False
+    assert parted["not_compared"]["tokens"] == list(range(first, 3))
+    assert parted["not_compared"]["pairs"] == report["summary"]["diverged"] > 0
+    assert report["first_bad_token"] is not None and report["first_bad_token"] <= parted["token"]
+    assert done.returncode == 1
+    text = layerwatch("compare", dumps["golden"], dumps["fault"]).stdout.splitlines()
+    assert text[0].startswith(f"outputs differ from step {parted['token']}: the target chose")
+    assert "layerwatch dump --follow GOLDEN" in text[1]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,14 +42,11 @@ def test_root_output_is_logits_only_when_logits_shaped(
 ) -> None:
     golden, target = dump(tmp_path / "g", shape, 0.0), dump(tmp_path / "t", shape, 1e-4)
     done = subprocess.run(
-        [sys.executable, "-m", "layerwatch.tui", "compare", str(golden), str(target)]
-        + ["--json", "--jobs", "1"],
+        [sys.executable, "-m", "layerwatch.tui", "compare", str(golden), str(target), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    import json
-
     rows = {(r["node"], r["tensor"]): r for r in json.loads(done.stdout)["rows"]}
     root = rows["root", "output"] if ("root", "output") in rows else rows["root", "output_0"]
     assert ("kl_divergence" in root["metrics"]) == logits, root
