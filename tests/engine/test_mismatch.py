@@ -235,3 +235,13 @@ def test_a_confident_flip_is_a_divergence_record_and_a_finding(dumps: dict[str, 
     text = layerwatch("compare", dumps["golden"], dumps["fault"]).stdout.splitlines()
     assert text[0].startswith(f"outputs differ from step {parted['token']}: the target chose")
     assert "layerwatch dump --follow GOLDEN" in text[1]
+
+
+def test_headless_open_says_where_the_outputs_part(dumps: dict[str, Path]) -> None:
+    """The live printer's line (once, as soon as the diverged token landed), then compare's
+    summary with the same sentence first."""
+    done = layerwatch("open", "--headless", dumps["golden"], dumps["fault"])
+    said = [x for x in done.stderr.splitlines() if "outputs differ from step" in x]
+    assert len(said) == 1, done.stderr
+    assert done.stdout.startswith(said[0].removeprefix("layerwatch: ").split(";")[0])
+    assert done.returncode == 1
