@@ -184,6 +184,7 @@ class ResultBatch:
     first_failure: Finding | None = None
     root_cause: Finding | None = None
     first_bad_token: int | None = None
+    divergence: Divergence | None = None
     runs: dict[str, RunStatus] = field(default_factory=dict)
     """Latest status per side, only for sides whose status changed."""
     notes: list[str] = field(default_factory=list)

@@ -431,6 +431,7 @@ class CompareSession(SessionState):
             first_failure=self._first_failure,
             root_cause=self._root_cause,
             first_bad_token=self._first_bad_token,
+            divergence=self.divergence if self._diverge_at else None,
             notes=notes,
             done=done,
         )
