@@ -41,6 +41,9 @@ def config_from_settings(settings: dict[str, Any]) -> DumpConfig:
         dump_statistics_mode=int(settings.get("dump_statistics_mode", 2)),
         dump_last_logits=bool(settings.get("dump_last_logits", False)),
         format=settings.get("format") or "layerwatch",
+        keep_tokens=settings.get("keep_tokens"),
+        follow=settings.get("follow") or None,
+        cases=settings.get("cases"),
     )
 
 

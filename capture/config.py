@@ -25,7 +25,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from .cases import read_case_keys
 from .errors import LayerwatchError
+from .golden import GoldenTokens, read_golden
 from .tokens import TokenSelection
 
 FORMATS = ("layerwatch", "msit")
@@ -72,6 +74,19 @@ class DumpConfig:
     """A data file is closed once its batch holds this many bytes."""
     flush_interval: float = 0.05
     """Seconds after which pending tensors are written even if the batch is small (live view)."""
+    keep_tokens: int | None = None
+    """Statistics-first: payloads stay only for the last ``keep_tokens`` tokens and the tokens
+    around an anomaly (NaN/Inf/saturation); every tensor's statistics stay (capture/keep.py).
+    ``None``: keep every payload."""
+    follow: str | os.PathLike[str] | None = None
+    """A golden layerwatch dump to follow (teacher forcing): at each step the target is fed the
+    golden's token (``capture/follow.py``). Read and checked here, before anything runs."""
+    cases: Any = None
+    """Per-case capture of only these cases: a list of keys, or a JSON file (``layerwatch
+    badcase --json``'s output: its ``bad_cases``). ``None``: every token."""
+    case_keys: frozenset[str] | None = field(init=False, repr=False, default=None)
+    golden: GoldenTokens | None = field(init=False, repr=False, default=None)
+    """``follow``'s token ids, per token."""
     tokens: TokenSelection = field(init=False, repr=False)
     """``token_range`` parsed; ``__contains__`` answers "is token t dumped"."""
 
@@ -114,8 +129,26 @@ class DumpConfig:
             raise LayerwatchError(
                 f"flush_interval must be > 0 seconds, got {self.flush_interval!r}"
             )
+        if self.keep_tokens is not None:
+            if (
+                not isinstance(self.keep_tokens, int)
+                or isinstance(self.keep_tokens, bool)
+                or self.keep_tokens < 1
+            ):
+                raise LayerwatchError(f"keep_tokens must be >= 1 or None, got {self.keep_tokens!r}")
+            if self.format != "layerwatch" or self.dump_statistics_mode != 2:
+                raise LayerwatchError(
+                    "keep_tokens (statistics-first) needs the layerwatch format with statistics "
+                    "and tensors (dump_statistics_mode=2)"
+                )
         for name in ("dump_last_logits", "dump_weight"):
             setattr(self, name, bool(getattr(self, name)))
+        if self.follow is not None:
+            if not isinstance(self.follow, str | os.PathLike) or not str(self.follow):
+                raise LayerwatchError(f"follow must be a dump directory, got {self.follow!r}")
+            self.golden = read_golden(self.follow)
+        if self.cases is not None:
+            self.case_keys = read_case_keys(self.cases)
 
     @property
     def path(self) -> Path:
@@ -157,6 +190,9 @@ class DumpConfig:
             "device_id": self.device_id,
             "seed": self.seed,
             "format": self.format,
+            "keep_tokens": self.keep_tokens,
+            "follow": None if self.golden is None else str(self.golden.rank_dir),
+            "cases": None if self.case_keys is None else sorted(self.case_keys),
         }
 
 

@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import LayerwatchError
@@ -19,11 +20,19 @@ from .format import INDEX, K_END, K_ERROR, K_TENSOR, K_TOKEN
 from .launch import CaptureOptions, Child, LaunchSpec, default_grace
 
 EXIT_NOT_FOUND = 127
+FOLLOW_REFUSED = "follow: token "
+"""How ``capture/follow.py`` begins the line that stops a run whose input ids left the golden's."""
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def supervise(child: Child, grace: float | None = None) -> int:
-    """Wait for ``child``, forwarding the signals we receive; returns its exit code."""
+def supervise(
+    child: Child, grace: float | None = None, tick: Callable[[], bool] | None = None
+) -> int:
+    """Wait for ``child``, forwarding the signals we receive; returns its exit code.
+
+    ``tick`` (e.g. the engine's live scan over the dump) runs every 50 ms while the child
+    lives; when it returns true the child is stopped with SIGINT (Python children then run
+    their ``atexit`` handlers, so the dump ends complete) and SIGKILL after ``grace``."""
     grace = default_grace() if grace is None else grace
     received: list[int] = []
     previous = {}
@@ -35,6 +44,9 @@ def supervise(child: Child, grace: float | None = None) -> int:
     kill_at: float | None = None
     try:
         while child.wait(0.05) is None:
+            if tick is not None and kill_at is None and tick():
+                child.send(signal.SIGINT)
+                kill_at = time.monotonic() + grace
             while received:
                 sig = received.pop(0)
                 if kill_at is not None and sig == signal.SIGINT:
@@ -81,7 +93,8 @@ def count_dump(out: Path) -> tuple[int, int, int, list[str]]:
     return ranks, tokens, tensors, messages
 
 
-def run_dump(args: object) -> int:
+def run_dump(args: object, tick: Callable[[Path], Callable[[], bool]] | None = None) -> int:
+    """``tick(out)``: made once the child started, called while it runs (see :func:`supervise`)."""
     cmd = list(getattr(args, "cmd", None) or [])
     if not cmd:
         raise LayerwatchError(
@@ -105,7 +118,7 @@ def run_dump(args: object) -> int:
         f"layerwatch dump: pid {child.pid} → {spec.out} (output in {spec.log_path})",
         file=sys.stderr,
     )
-    code = supervise(child)
+    code = supervise(child, tick=None if tick is None else tick(spec.out))
     ranks, tokens, tensors, messages = count_dump(spec.out)
     what = f"{tokens} tokens, {tensors} tensors" + (f" from {ranks} processes" if ranks > 1 else "")
     if ranks == 0 and spec.dumper == "layerwatch":
@@ -113,11 +126,15 @@ def run_dump(args: object) -> int:
     messages += [
         t[len("layerwatch: ") :] for t in child.log_tail(40) if t.startswith("layerwatch: ")
     ]
+    refused = next((m for m in messages if m.startswith(FOLLOW_REFUSED)), None)
     line = f"layerwatch dump: {child.describe()} · {what} in {spec.out}"
     if messages:
         line += f" · capture: {messages[0]}"
     print(line, flush=True)
-    if code != 0:
+    if refused is not None:  # the target could not follow the golden run: unusable input
+        print(f"layerwatch dump: {refused}", file=sys.stderr)
+        return 2
+    if code != 0 and child.stopped_by is None:  # we stopped it: its traceback is ours
         for text in child.log_tail(10):
             print(f"  | {text}", file=sys.stderr)
     return code

@@ -45,9 +45,22 @@ K_END = "end"
 """The writer stopped: ``status`` is ``complete`` or says why it stopped."""
 K_ERROR = "error"
 """Capture hit a problem it could not recover from (disk full...): ``message``."""
+K_DROP = "drop"
+"""Statistics-first capture deleted a data file (``file``): its tensors are statistics-only
+from now on (``capture/keep.py``)."""
 K_WEIGHT = "weight"
 """A parameter dumped once (``dump_weight``): ``name`` (``root.<module>.<param>``), ``node``,
 ``param``, ``dtype``, ``shape``, ``file``, ``begin``, ``end`` (same meaning as for tensors)."""
+
+K_FOLLOW = "follow"
+"""Teacher forcing (``DumpConfig.follow``): at ``token`` the target's own choice ``own_id``
+(argmax of its last-position logits, one per batch row) and ``fed_id``, the golden's next token
+that the returned logits forced instead. Readers that do not know the kind skip it."""
+
+K_CASE = "case"
+"""Per-case capture: case ``key`` starts at ``token`` (``capture/cases.py``)."""
+K_CASE_END = "case_end"
+"""Case ``key`` ends before ``token``. Without one, a case ends where the next one begins."""
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"

@@ -82,6 +82,16 @@ class TokenItem:
         self.nbytes = 0 if ids is None else ids.numel() * ids.element_size()
 
 
+class LineItem:
+    """An index line built in the model thread (``follow`` and its ``error``), written as is."""
+
+    __slots__ = ("nbytes", "obj")
+
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.obj = obj
+        self.nbytes = 0
+
+
 class WeightItem:
     """A parameter dumped once (``dump_weight``): ``name`` is ``root.<module path>.<param>``."""
 

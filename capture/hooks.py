@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
+from . import cases
 from . import format as fmt
 from .config import DumpConfig
 from .errors import LayerwatchError
-from .handoff import WeightItem
+from .handoff import LineItem, WeightItem
 from .recorder import Recorder
 from .seed import seed_all
 from .topology import build_topology, named_nodes
@@ -158,6 +159,17 @@ def register_hook(
         model.register_forward_hook(recorder.root_post, with_kwargs=True, always_call=True)
     )
     module_hooks = hooks[1:-1]
+    emit = lambda obj: writer.queue.put([LineItem(obj)], 0)  # noqa: E731 (one index line)
+    marker = cases.CaseMarker(
+        emit, lambda: recorder.next_token, config.case_keys, partial(setattr, recorder, "paused")
+    )
+    hooks.append(cases.attach(model, marker, already_in_call))  # removed with the hooks
+    if config.golden is not None:  # after the capture's hooks: they copy the logits first
+        from .follow import Follower
+
+        follower = Follower(config.golden, emit)
+        hooks.append(model.register_forward_pre_hook(follower.pre, with_kwargs=True))
+        hooks.append(model.register_forward_hook(follower.post, with_kwargs=True))
     writer.start()
     handle = HookHandle(recorder, writer, hooks, writer.run_dir)
 

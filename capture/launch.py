@@ -14,6 +14,7 @@ signals the whole group and its descendants, then SIGKILLs what is left after a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -24,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
+from .cases import read_case_keys
 from .errors import LayerwatchError
+from .golden import read_golden
 from .tokens import parse_tokens
 
 ENV_SETTINGS = "LAYERWATCH_CAPTURE"
@@ -54,6 +57,12 @@ class CaptureOptions:
     last_logits: bool = False
     format: str = "layerwatch"
     seed: int | None = None
+    keep_tokens: int | None = None
+    """``--stats-first [--keep-tokens N]``: statistics of everything, payloads of a ring."""
+    follow: str | None = None
+    """A golden layerwatch dump the child follows (teacher forcing), checked here first."""
+    cases: tuple[str, ...] | None = None
+    """Capture only these cases (``dump --cases FILE``), read here first."""
 
     @classmethod
     def from_args(cls, args: object) -> CaptureOptions:
@@ -62,9 +71,24 @@ class CaptureOptions:
             get("tokens", None), get("part", "both") or "both", get("layers", None),
             bool(get("stats_only", False)), bool(get("last_logits", False)),
             get("format", "layerwatch") or "layerwatch", get("seed", None),
+            _keep_tokens(get("stats_first", False), get("keep_tokens", None)),
         )  # fmt: skip
         if opts.tokens:
             parse_tokens(opts.tokens)  # a bad spec fails here, in the launcher, in one line
+        if opts.keep_tokens is not None and (opts.stats_only or opts.format != "layerwatch"):
+            raise LayerwatchError(
+                "--stats-first needs tensors in the layerwatch format: "
+                "drop --stats-only/--format msit"
+            )
+        follow = get("follow", None)
+        if follow:
+            if get("dumper", "layerwatch") == "msit":
+                raise LayerwatchError("--follow needs layerwatch's own capture, not --dumper msit")
+            golden = read_golden(follow).rank_dir.absolute()  # one line if unusable
+            opts = dataclasses.replace(opts, follow=str(golden))
+        if get("cases", None):
+            keys = tuple(sorted(read_case_keys(get("cases", None))))
+            opts = dataclasses.replace(opts, cases=keys)
         return opts
 
     def settings(self, out: Path) -> dict[str, object]:
@@ -79,6 +103,9 @@ class CaptureOptions:
             "dump_last_logits": self.last_logits,
             "format": self.format,
             "seed": self.seed,
+            "keep_tokens": self.keep_tokens,
+            "follow": self.follow,
+            "cases": None if self.cases is None else list(self.cases),
             "capture_pkg": str(Path(__file__).resolve().parent),
         }
 
@@ -97,11 +124,26 @@ class CaptureOptions:
             flags += ["-opname", self.layers.rstrip("*")]
         if self.seed is not None:
             flags += ["-seed", str(self.seed)]
+        if self.keep_tokens is not None:
+            raise LayerwatchError("--stats-first does not apply to --dumper msit")
         if self.last_logits or self.format != "layerwatch":
             raise LayerwatchError(
                 "--last-logits/--format do not apply to --dumper msit (the ATB probe decides)"
             )
         return flags
+
+
+KEEP_TOKENS = 8
+"""``--stats-first`` without ``--keep-tokens``: payloads of the last 8 tokens stay."""
+
+
+def _keep_tokens(stats_first: object, keep: object) -> int | None:
+    """``--keep-tokens N`` implies ``--stats-first``; N must be >= 1 (one line otherwise)."""
+    if keep is None:
+        return KEEP_TOKENS if stats_first else None
+    if not isinstance(keep, int) or keep < 1:
+        raise LayerwatchError(f"--keep-tokens must be 1 or more, not {keep}")
+    return keep
 
 
 def capture_env(

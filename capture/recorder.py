@@ -53,6 +53,8 @@ class Recorder:
         self.active = False
         """Capturing the current token (inside a root call whose token is selected)."""
         self.stopped = False
+        self.paused = False
+        """Per-case capture outside the listed cases (``capture/cases.py``): tokens not captured."""
         self.depth = 0
         self.order = 0
         self.last_order = -1
@@ -97,7 +99,7 @@ class Recorder:
         self.calls.clear()
         self.frames.clear()
         self.leaf = None
-        self.active = not self.stopped and token in self.tokens
+        self.active = not self.stopped and not self.paused and token in self.tokens
         if self.active and not self.topology_sent and self.order_map is None:
             self.order_map = {}
         if self.stopped or args is None:

@@ -24,9 +24,10 @@ import numpy as np
 import torch
 
 from . import format as fmt
+from . import keep
 from .config import DumpConfig
 from .errors import LayerwatchError
-from .handoff import Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
+from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
 from .index_lines import tensor_line
 from .safetensors_file import (
     DTYPE_NAMES,
@@ -55,6 +56,8 @@ class LayerwatchWriter(WriterThread):
         self.want_stats = config.want_stats
         self.want_payload = config.want_payload
         self.started = time.time()
+        self.ring = None if config.keep_tokens is None else keep.TokenRing(config.keep_tokens)
+        """Statistics-first capture: which data files may be deleted (``capture/keep.py``)."""
         try:
             if (run_dir / fmt.MANIFEST).exists():
                 raise LayerwatchError(
@@ -118,6 +121,14 @@ class LayerwatchWriter(WriterThread):
             payload += [it for it in ok if it.dtype in SAFETENSORS_DTYPE]
         if payload:
             self._write_data_file(payload)
+        if self.ring is not None:
+            self.ring.wrote(
+                payload[0].file if payload else "",
+                {it.token for it in payload if type(it) is TensorItem},
+            )
+            for it in ok:  # outputs only: a mask input holds finfo.min by design
+                if it.stem.startswith("output") and keep.anomalous(it.stats, it.dtype_name):
+                    self.ring.anomaly(it.token)
         for it in fresh:
             it.done = True
         lines: list[str] = []
@@ -140,6 +151,8 @@ class LayerwatchWriter(WriterThread):
                     fmt.encode_line({"k": fmt.K_TOKEN, "token": it.token, "input_ids": ids})
                 )
                 self.tokens_seen = max(self.tokens_seen, it.token + 1)
+                if self.ring is not None:
+                    self.ring.started(it.token)
             elif kind is WeightItem:
                 lines.append(
                     fmt.encode_line(
@@ -158,10 +171,22 @@ class LayerwatchWriter(WriterThread):
                 )
             elif kind is TopologyItem:
                 self.topology = with_order(self.topology, it.order)
+            elif kind is LineItem:
+                lines.append(fmt.encode_line(it.obj))
         self.tensors_written += len(fresh)
         self.append_index("".join(lines))
+        if self.ring is not None:
+            self._drop_expired()
         if any(type(it) is TopologyItem for it in items):  # after the lines: they matter more
             write_json_fast(self.run_dir / fmt.TOPOLOGY, self.topology)
+
+    def _drop_expired(self) -> None:
+        """Say first, then delete: a reader never meets a missing file the index still lists."""
+        gone = self.ring.expired()  # type: ignore[union-attr]
+        if gone:
+            self.append_index("".join(fmt.encode_line({"k": fmt.K_DROP, "file": r}) for r in gone))
+            for rel in gone:
+                keep.remove(self.run_dir, rel)
 
     def _write_data_file(self, payload: list[Any]) -> None:
         entries = []

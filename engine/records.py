@@ -45,6 +45,13 @@ NORM_REL = "norm_relative_error"
 cannot see and which random rounding noise barely moves (≈ RED²/2)."""
 EXACT = "exact_match_ratio"
 """Integer/bool pairs only: share of elements that are exactly equal."""
+LOCAL = "local_error"
+"""Outputs only: the error the operator introduces beyond its inputs', as a share of its
+allowance (engine/numerics/local.py); above 1.0 the operator fails. Absent when the node's
+inputs were not captured."""
+INPUT_ERR = "input_error"
+"""Outputs only: the largest relative Euclidean distance among the node's float inputs (the
+error that came in from upstream), next to ``local_error``."""
 STAT_METRICS = (
     "max_stat_relative_error",
     "min_stat_relative_error",
@@ -57,7 +64,7 @@ STAT_METRICS = (
 )
 """Statistics-only pairs (msit ``-st`` column names): errors of max/min/mean/L2 norm."""
 
-GRID_METRICS = (COSINE, RED, MAX_ABS, MEAN_REL)
+GRID_METRICS = (COSINE, RED, MAX_ABS, MEAN_REL, LOCAL)
 """Metrics the grid can colour by (``m`` cycles them); each cell keeps the worst value."""
 HIGHER_IS_BETTER = frozenset({COSINE, ONE_THOUSANDTH, FIVE_THOUSANDTHS, TOP1, TOPK, EXACT})
 

@@ -32,7 +32,14 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from layerwatch.engine.records import MSIT_METRICS, PairResult, Stats, TensorRecord
+from layerwatch.engine.records import (
+    INPUT_ERR,
+    LOCAL,
+    MSIT_METRICS,
+    PairResult,
+    Stats,
+    TensorRecord,
+)
 from layerwatch.engine.seam import Divergence, Finding, Summary
 
 MSIT_COLUMNS = (
@@ -56,7 +63,15 @@ MSIT_COLUMNS = (
     "cmp_fail_reason",
 )
 """msit 8.2.0 ``CSV_GOLDEN_HEADER``, in its order."""
-OUR_COLUMNS = ("verdict", "failed_metrics", "reason", "node_type", "exec_order")
+OUR_COLUMNS = (
+    "verdict",
+    "failed_metrics",
+    "reason",
+    "node_type",
+    "exec_order",
+    LOCAL,
+    INPUT_ERR,
+)
 CSV_COLUMNS = MSIT_COLUMNS + OUR_COLUMNS
 
 
@@ -99,6 +114,8 @@ def csv_row(result: PairResult, data_id: int) -> list[str]:
         result.reason,
         result.node_type,
         str(result.order),
+        _num(metrics.get(LOCAL)),
+        _num(metrics.get(INPUT_ERR)),
     ]
 
 

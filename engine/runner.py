@@ -62,6 +62,10 @@ def compare_main(args: argparse.Namespace) -> int:
         raise LayerwatchError(f"--jobs must be 0 (all cores) or more, not {jobs}")
     _check_path(args.golden, "golden")
     _check_path(args.target, "target")
+    from layerwatch.engine.logitscmp import compare_logits_main, is_logits_pair
+
+    if is_logits_pair(args.golden, args.target):  # msit logitscmp folders: per-case logits
+        return compare_logits_main(args)
     check_report_path(getattr(args, "output", None))
     progress = _Progress()
     progress.say("layerwatch compare: reading dumps", force=True)
@@ -69,19 +73,32 @@ def compare_main(args: argparse.Namespace) -> int:
         "golden": open_dump(args.golden, side="golden"),
         "target": open_dump(args.target, side="target"),
     }
-    session = CompareSession(
-        thresholds=getattr(args, "thresholds", None),
-        mapping=getattr(args, "map", None),
-        tokens=tokens,
-        jobs=jobs,
-        auto_map=True if getattr(args, "auto_map", False) else None,
-        side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
-    )
+
+    def make_session() -> CompareSession:
+        return CompareSession(
+            thresholds=getattr(args, "thresholds", None),
+            mapping=getattr(args, "map", None),
+            tokens=tokens,
+            jobs=jobs,
+            auto_map=True if getattr(args, "auto_map", False) else None,
+            side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
+        )
+
+    session = make_session()
     try:
         # Parsed here, one after the other: a second process parsing one dump in parallel saved
         # ~25 ms on a quiet box and cost ~60 ms on a busy one (the records must be pickled
         # back), while each dump parses in ~40 ms per thousand .pth files.
         updates = {side: reader.poll(None, final=True) for side, reader in readers.items()}
+        from layerwatch.engine.cases import compare_cases, conclude_cases, has_cases
+
+        if has_cases(*updates.values()):  # several prompts in one dump: case by case
+            return conclude_cases(
+                compare_cases(updates, make_session),
+                sys.stdout,
+                output=getattr(args, "output", None),
+                as_json=bool(getattr(args, "json", False)),
+            )
         for side in ("golden", "target"):
             session.add_update(side, updates[side])
             session.finish(side)

@@ -35,6 +35,8 @@ SHORT: dict[str, str] = {
     R.TOP1: "top1",
     R.TOPK: "topk",
     R.MARGIN: "margin",
+    R.LOCAL: "local",
+    R.INPUT_ERR: "in_red",
 }
 """Column and status-line names (msit's full names appear in the operator view)."""
 

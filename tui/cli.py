@@ -25,6 +25,7 @@ _HANDLERS: dict[str, str] = {
     "open": "layerwatch.tui.frontends:open_main",
     "compare": "layerwatch.engine.runner:compare_main",
     "badcase": "layerwatch.engine.badcase:badcase_main",
+    "scan": "layerwatch.engine.scan_report:scan_main",
 }
 
 
@@ -59,6 +60,17 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
         "--format", choices=("layerwatch", "msit"), default="layerwatch", help="dump layout"
     )
     group.add_argument("--seed", type=int, help="seed_all(SEED) in the child before it runs")
+    group.add_argument(
+        "--stats-first",
+        action="store_true",
+        help="statistics of every tensor, payloads only for the last tokens and around anomalies",
+    )
+    group.add_argument(
+        "--keep-tokens",
+        type=int,
+        metavar="N",
+        help="with --stats-first: keep payloads of the last N tokens (default 8)",
+    )
 
 
 def add_watch_options(parser: argparse.ArgumentParser) -> None:
@@ -164,7 +176,33 @@ def build_parser() -> argparse.ArgumentParser:
         default="layerwatch",
         help="msit: launch `msit llm dump` (Ascend ATB)",
     )
+    dump.add_argument(
+        "--follow",
+        metavar="GOLDEN_DUMP",
+        help="teacher forcing: feed the target the golden dump's token at every step",
+    )
+    dump.add_argument(
+        "--cases",
+        metavar="BADCASES.json",
+        help="capture only these cases (layerwatch badcase --json output, or a JSON list of keys)",
+    )
     dump.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh")
+    dump.add_argument(
+        "--scan",
+        action="store_true",
+        help="scan tensors as they land (NaN, Inf, saturation, all-zero, jump; see `scan`)",
+    )
+    dump.add_argument(
+        "--exit-on-anomaly",
+        action="store_true",
+        help="with --scan: stop COMMAND at the first anomaly (msit errcheck --exit)",
+    )
+    dump.add_argument(
+        "--scan-output",
+        metavar="FILE",
+        help="with --scan: write the scan report (.csv, .json or .jsonl)",
+    )
+    add_scan_bounds(dump)
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     run = sub.add_parser("run", help="launch or attach to both sides and compare live")
@@ -237,7 +275,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the report (.csv msit columns, .json or .jsonl)",
     )
     badcase.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+
+    scan = sub.add_parser(
+        "scan",
+        help="anomalies of one dump, no golden (NaN, Inf, saturation, all-zero, jump): exit 1 when some",
+    )
+    scan.add_argument("dump", metavar="DUMP", help="a dump directory (any readable format)")
+    scan.add_argument(
+        "-o", "--output", metavar="FILE", help="write the report (.csv, .json or .jsonl)"
+    )
+    scan.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    add_scan_bounds(scan)
     return parser
+
+
+def add_scan_bounds(parser: argparse.ArgumentParser) -> None:
+    """The jump rule's numbers (engine/numerics/anomaly.py documents their calibration)."""
+    parser.add_argument(
+        "--jump-ratio",
+        type=float,
+        metavar="R",
+        help="an output above R times its inputs' largest magnitude is a jump (default 1000)",
+    )
+    parser.add_argument(
+        "--jump-floor",
+        type=float,
+        metavar="A",
+        help="... and above A in magnitude (default 1000)",
+    )
 
 
 def _load(target: str) -> Callable[[argparse.Namespace], int]:
@@ -255,8 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.cmd = args.cmd[1:]
     from layerwatch.capture.errors import LayerwatchError
 
+    handler = _HANDLERS[args.command]
+    if args.command == "dump" and (args.scan or args.exit_on_anomaly or args.scan_output):
+        handler = "layerwatch.engine.live.scan:dump_scan_main"
     try:
-        return _load(_HANDLERS[args.command])(args)
+        return _load(handler)(args)
     except LayerwatchError as exc:
         print(f"layerwatch {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE

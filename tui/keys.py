@@ -76,7 +76,7 @@ ACTIONS: tuple[Action, ...] = (
         "cycle_metric",
         "m",
         "metric",
-        "Colour by the next metric (cos, red, max_abs, mean_rel)",
+        "Colour by the next metric (cos, red, max_abs, mean_rel, local)",
         "main",
     ),
     Action(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from layerwatch.engine.records import COSINE
+from layerwatch.engine.records import COSINE, LOCAL
 from layerwatch.engine.seam import CellState
 from rich.color import Color
 from rich.style import Style
@@ -31,9 +31,14 @@ N_CODES = CODES_PER_STATE * (max(CellState) + 1)
 
 
 def to_error(metric: str, values: np.ndarray) -> np.ndarray:
-    """The error form of a metric (smaller is better); cosine keeps its nines as ``1 - cos``."""
+    """The error form of a metric (smaller is better); cosine keeps its nines as ``1 - cos``;
+    ``local_error`` below 0 (less error than the inputs brought in) counts as none."""
     values = np.asarray(values, dtype=np.float64)
-    return 1.0 - values if metric == COSINE else np.abs(values)
+    if metric == COSINE:
+        return 1.0 - values
+    if metric == LOCAL:
+        return np.maximum(values, 0.0)
+    return np.abs(values)
 
 
 def quantise(errors: np.ndarray) -> np.ndarray:

@@ -189,6 +189,7 @@ def _compare_one(
                 topk=thresholds.topk,
                 chunk_elems=chunk_elems,
                 side_stats=side_stats,
+                mask=mask_fill(golden, target),
             )
         else:
             stats = (
@@ -209,6 +210,48 @@ def _compare_one(
 
 
 _FLOATS = frozenset(("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2"))
+_LOWEST = {
+    "float64": float(np.finfo(np.float64).min),
+    "float32": float(np.finfo(np.float32).min),
+    "float16": float(np.finfo(np.float16).min),
+    "bfloat16": -3.3895313892515355e38,
+}
+"""The lowest finite value of each float dtype: what frameworks fill additive attention masks
+with (``torch.finfo(dtype).min``)."""
+
+
+def mask_fill(golden: TensorRecord, target: TensorRecord) -> tuple[float, float] | None:
+    """(golden, target) lowest values when both tensors reach their own dtype's lowest value
+    and the two differ: an additive mask filled with ``finfo(dtype).min`` on each side. Such
+    positions are the same "masked" value, not a number to compare (fp32's −3.4e38 against
+    fp16's −65504 is a relative error of 1); :func:`unmask` turns them into −inf on both
+    sides. Decided from the records' statistics, so it costs nothing when there is no mask;
+    dumps without statistics (msit ``.pth``) are compared as numbers."""
+    gs, ts = golden.stats, target.stats
+    if gs is None or ts is None or golden.loc is None or target.loc is None:
+        return None
+    try:
+        lo_g = _LOWEST.get(canonical_dtype(golden.loc.dtype))
+        lo_t = _LOWEST.get(canonical_dtype(target.loc.dtype))
+    except LayerwatchError:
+        return None
+    if lo_g is None or lo_t is None or lo_g == lo_t or gs.min != lo_g or ts.min != lo_t:
+        return None
+    return lo_g, lo_t
+
+
+def unmask(
+    g: np.ndarray, t: np.ndarray, fill: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions holding each side's mask fill on both sides become −inf on both (copies)."""
+    both = (g == np.asarray(fill[0], g.dtype)) & (t == np.asarray(fill[1], t.dtype))
+    if not both.any():
+        return g, t
+    g = g.astype(np.float64 if g.dtype == np.float64 else np.float32, copy=True)
+    t = t.astype(np.float64 if t.dtype == np.float64 else np.float32, copy=True)
+    g[both] = -np.inf
+    t[both] = -np.inf
+    return g, t
 
 
 def _small_floor(
@@ -246,6 +289,9 @@ def _compare_small(
             g, t = load_flat(golden.loc), load_flat(target.loc)
             if g.size != t.size:
                 raise ValueError("golden and target streams have different lengths")
+            fill = mask_fill(golden, target)
+            if fill is not None:
+                g, t = unmask(g, t, fill)
         except (LayerwatchError, OSError, ValueError, MemoryError) as exc:
             result.reason = _failure(golden, exc)
             continue
@@ -284,12 +330,16 @@ def tensor_measure(
     topk: int = 5,
     chunk_elems: int = CHUNK,
     side_stats: bool = False,
+    mask: tuple[float, float] | None = None,
 ) -> tuple[dict[str, float], tuple[Stats, Stats] | None]:
-    """:func:`tensor_metrics` and, with ``side_stats``, both sides' statistics (same pass)."""
+    """:func:`tensor_metrics` and, with ``side_stats``, both sides' statistics (same pass);
+    ``mask``: each side's additive-mask fill (:func:`mask_fill`), compared as −inf."""
     acc = MetricAccumulator(floor, exact=exact, side_stats=side_stats)
-    pairs = paired_chunks(
+    pairs: Iterator[tuple[np.ndarray, np.ndarray]] = paired_chunks(
         iter_chunks(golden, chunk_elems, reuse=True), iter_chunks(target, chunk_elems, reuse=True)
     )
+    if mask is not None:
+        pairs = (unmask(g, t, mask) for g, t in pairs)
     vocab = int(golden.shape[-1]) if golden.shape else 0
     if not (logits and vocab):
         for g, t in pairs:

@@ -46,6 +46,8 @@ SECTION_METRICS = {
     "statistics": frozenset(r.STAT_METRICS) | NONFINITE_METRICS,
 }
 ALL_METRICS = TENSOR_METRICS | LOGIT_METRICS | SECTION_METRICS["statistics"]
+LOCAL_KEYS = frozenset({"red_gain", "red", "scale_gain", "scale"})
+"""Keys of one ``[local.<class>]`` entry (engine/numerics/local.py says what they mean)."""
 
 
 def validate(raw: dict[str, Any], path: str) -> None:
@@ -67,6 +69,23 @@ def validate(raw: dict[str, Any], path: str) -> None:
                     raise bad(f"floor.{cls}")
                 if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
                     raise bad(f"floor.{cls}", "expected a positive number for")
+        elif key == "local":
+            from layerwatch.engine.numerics.local import KINDS
+
+            for cls, table in _table(value, key, bad).items():
+                if cls not in CLASSES or cls == "int":
+                    raise bad(f"local.{cls}")
+                for kind, entry in _table(table, f"local.{cls}", bad).items():
+                    if kind not in KINDS:
+                        raise bad(f"local.{cls}.{kind}")
+                    for name, v in _table(entry, f"local.{cls}.{kind}", bad).items():
+                        where = f"local.{cls}.{kind}.{name}"
+                        if name not in LOCAL_KEYS:
+                            raise bad(where)
+                        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                            raise bad(where, "expected a non-negative number for")
+                        if name in ("red", "scale") and v == 0:
+                            raise bad(where, "expected a positive number for")
         elif key in SECTION_METRICS:
             for cls, table in _table(value, key, bad).items():
                 if key == "logits" and cls == "topk":

@@ -23,6 +23,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib  # type: ignore[no-redef]
 
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.numerics.local import LocalLimit, op_kind
 from layerwatch.engine.numerics.threshold_schema import (
     CLASS_LABEL,
     CLASSES,
@@ -36,6 +37,7 @@ from layerwatch.engine.records import (
     HIGHER_IS_BETTER,
     INF_GOLDEN,
     INF_TARGET,
+    LOCAL,
     MARGIN,
     NAN_GOLDEN,
     NAN_MISMATCH,
@@ -75,6 +77,8 @@ class Thresholds:
     overrides: list[Override]
     topk: int = 5
     source: str = "defaults"
+    local: dict[str, dict[str, LocalLimit]] = field(default_factory=dict)
+    """``[local.<class>]``: limits of the local verdict per operator kind (numerics/local.py)."""
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
@@ -140,6 +144,13 @@ class Thresholds:
         return klass, {k: v for k, v in limits.items() if v is not None}, origin
 
     # -- judging -------------------------------------------------------------------------
+    def local_limit(self, klass: str, node_type: str) -> LocalLimit | None:
+        """The local-verdict limits of an operator (None: its class has no local limits)."""
+        table = self.local.get(klass)
+        if not table:
+            return None
+        return table.get(op_kind(node_type))
+
     def checks(
         self,
         metrics: dict[str, float],
@@ -162,7 +173,7 @@ class Thresholds:
         )
         out = []
         for name, value in metrics.items():
-            limit = limits.get(name)
+            limit = 1.0 if name == LOCAL else limits.get(name)
             op = ">=" if name in HIGHER else "<="
             passed = True if limit is None else _within(name, value, limit, metrics, limits)
             out.append(MetricCheck(name, value, limit, op, passed))
@@ -311,4 +322,8 @@ def _parse(raw: dict[str, Any], source: str) -> Thresholds:
         ],
         topk=int(logits.get("topk", 5)),
         source=source,
+        local={
+            c: {k: LocalLimit(**{n: float(v) for n, v in e.items()}) for k, e in t.items()}
+            for c, t in raw.get("local", {}).items()
+        },
     )

@@ -1,7 +1,7 @@
 """Dump readers: layerwatch's own format, msit torch dumps, ATB ``.bin`` dumps, msprobe dumps.
 
 ``open_dump(path)`` detects the format from the path (a run dir, a rank dir, a token dir, an
-``msit_dump_*`` dir, a ``step*`` dir...) and returns an incremental :class:`DumpReader`.
+``msit_dump_*`` dir, a ``step*`` dir, msit's manual ``golden_tensor`` dir...) and returns an incremental :class:`DumpReader`.
 The directory given to the dumper works too: our ``dump_path`` (rank dirs inside) and
 msprobe's (``step*`` inside) are dumps themselves; msit's ``-o``/``DumpConfig(dump_path)``
 holds one ``msit_dump_{timestamp}`` per run — with exactly one it is used, with several
@@ -19,7 +19,7 @@ from typing import Any
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.readers.base import DumpReader, ReaderUpdate, scandir
 
-FORMATS = ("layerwatch", "msit", "atb", "msprobe")
+FORMATS = ("layerwatch", "msit", "atb", "msprobe", "msit-manual")
 MSIT_RUN_PREFIX = "msit_dump_"
 """msit names each run's directory ``msit_dump_{timestamp}`` inside the output directory."""
 _LISTED = 4
@@ -71,7 +71,7 @@ def resolve(path: str | os.PathLike[str]) -> Path:
 
 
 def _detect_here(p: Path) -> str | None:
-    from layerwatch.engine.readers import atb, layerwatch, msit, msprobe
+    from layerwatch.engine.readers import atb, layerwatch, msit, msit_manual, msprobe
 
     if p.is_file():
         return "msprobe" if p.name == msprobe.DUMP else None
@@ -85,6 +85,8 @@ def _detect_here(p: Path) -> str | None:
         return "msit"
     if atb.locate(p) is not None:
         return "atb"
+    if msit_manual.locate(p) is not None:
+        return "msit-manual"
     return None
 
 
@@ -114,6 +116,9 @@ def open_dump(
         )
     readers = {"layerwatch": LayerwatchReader, "msit": MsitReader, "atb": AtbReader}
     readers["msprobe"] = MsprobeReader
+    from layerwatch.engine.readers.msit_manual import MsitManualReader
+
+    readers["msit-manual"] = MsitManualReader
     if kind not in readers:
         raise LayerwatchError(f"unknown dump format {kind!r}: use one of {', '.join(FORMATS)}")
     try:

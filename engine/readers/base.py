@@ -31,6 +31,8 @@ class ReaderUpdate:
     """One-line messages for the user: a writer error, a skipped file, an unsupported dtype."""
     weights: dict[str, Locator] = field(default_factory=dict)
     """Full dumped parameters by dotted name ``root.x.weight``, when the dump has them."""
+    case_marks: list[tuple[str, str, int]] = field(default_factory=list)
+    """Per-case capture: ``("case" | "case_end", key, token)`` in index order (``engine/cases.py``)."""
 
     def extend(self, other: ReaderUpdate) -> None:
         """Fold a later update into this one (tensors appended, newer topology wins)."""
@@ -40,10 +42,12 @@ class ReaderUpdate:
         self.complete = self.complete or other.complete
         self.notes.extend(other.notes)
         self.weights.update(other.weights)
+        self.case_marks.extend(other.case_marks)
 
     def __bool__(self) -> bool:
         return (
             bool(self.tensors or self.topology or self.token_ids or self.notes or self.weights)
+            or bool(self.case_marks)
             or self.complete
         )
 

@@ -39,6 +39,10 @@ def detect(path: Path) -> bool:
     return any(e.is_dir() and is_rank_dir(Path(e.path)) for e in scandir(path))
 
 
+FORCED_NOTES = 3
+"""Teacher-forced flips noted per rank (the first ones matter; the rest would be noise)."""
+
+
 @dataclass(slots=True)
 class _Rank:
     path: Path
@@ -50,6 +54,8 @@ class _Rank:
     seen: set[TensorKey] = field(default_factory=set)
     torn_noted: bool = False
     """The final scan said that the last index line is cut short."""
+    forced: int = 0
+    """Steps at which ``follow`` fed the golden's token instead of the target's own choice."""
 
 
 class LayerwatchReader(DirectoryReader):
@@ -177,11 +183,28 @@ class LayerwatchReader(DirectoryReader):
                 )
             except (KeyError, TypeError, ValueError):
                 update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad token line")
+        elif kind in (lwf.K_CASE, lwf.K_CASE_END):
+            if isinstance(obj.get("token"), int) and obj.get("key") is not None:
+                update.case_marks.append((kind, str(obj["key"]), obj["token"]))
+        elif kind == lwf.K_FOLLOW:
+            own, fed = obj.get("own_id"), obj.get("fed_id")
+            if own != fed:
+                state.forced += 1
+                if state.forced <= FORCED_NOTES:
+                    update.notes.append(
+                        f"{state.path.name}: token {obj.get('token')}: the target chose {own}, "
+                        f"--follow fed the golden's {fed}"
+                    )
         elif kind == lwf.K_END:
             state.ended = True
             status = obj.get("status", lwf.STATUS_COMPLETE)
             if status != lwf.STATUS_COMPLETE:
                 update.notes.append(f"{state.path.name}: capture stopped: {status}")
+        elif kind == lwf.K_DROP:  # statistics-first capture deleted this data file
+            gone = os.path.join(state.path, str(obj.get("file", "")))
+            for record in update.tensors:
+                if record.loc is not None and record.loc.path == gone:
+                    record.loc = None  # its statistics stay
         elif kind == lwf.K_ERROR:
             update.notes.append(f"{state.path.name}: capture error: {obj.get('message', '?')}")
         elif kind == "weight":

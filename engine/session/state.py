@@ -18,8 +18,12 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
 from layerwatch.capture.tokens import TokenSelection
+from layerwatch.engine.numerics.local import LocalFigure, embedding_input, local_figure, op_kind
 from layerwatch.engine.numerics.logits import logits_shaped
+from layerwatch.engine.numerics.threshold_schema import dtype_class, looser
 from layerwatch.engine.records import (
+    INPUT_ERR,
+    LOCAL,
     Locator,
     PairResult,
     TensorKey,
@@ -33,6 +37,7 @@ from layerwatch.engine.session.cells import is_failure
 from layerwatch.engine.session.findings import part_of, stem_sort
 
 if TYPE_CHECKING:
+    from layerwatch.engine.numerics.thresholds import Thresholds
     from layerwatch.engine.session.core import _Pair
     from layerwatch.engine.session.pairing import Pairer
 
@@ -53,6 +58,7 @@ def _tiebreak(record: TensorRecord) -> tuple[object, ...]:
 class SessionState:
     pairer: Pairer
     tokens: TokenSelection
+    thresholds: Thresholds
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -248,24 +254,66 @@ class SessionState:
         if raw.target is not None and raw.target.shape != target.shape:
             target = raw.target
         verdict, reason = raw.verdict, raw.reason
+        metrics, failed = raw.metrics, raw.failed
+        node_type = golden.node_type or target.node_type or raw.node_type
+        if verdict in (Verdict.PASS, Verdict.FAIL) and not pair.logits:
+            figure = self._local_figure(pair.gkey, golden, target, node_type, metrics)
+            if figure is not None:
+                metrics = {**metrics, LOCAL: figure.ratio, INPUT_ERR: figure.input_error}
+                if figure.failed and verdict is Verdict.PASS:
+                    verdict, failed = Verdict.FAIL, (LOCAL,)
+                    reason = figure.reason(op_kind(node_type))
         if self._diverge_at is not None and pair.gkey.token >= self._diverge_at:
             own = raw.verdict.value + (f": {raw.reason}" if raw.reason else "")
             verdict, reason = Verdict.DIVERGED, f"{self._diverge_reason} (by itself: {own})"
         return PairResult(
             pair.gkey,
             verdict,
-            raw.metrics,
-            raw.failed,
+            metrics,
+            failed,
             reason,
             golden,
             target,
             order=self._order_of("golden", golden),
-            node_type=golden.node_type or target.node_type or raw.node_type,
+            node_type=node_type,
             block=self._layout.block_of(pair.gkey.node, part_of(pair.gkey.stem)),
             is_logits=pair.logits,
             golden_stats=raw.golden_stats,
             target_stats=raw.target_stats,
         )
+
+    def _local_figure(
+        self,
+        gkey: TensorKey,
+        golden: TensorRecord,
+        target: TensorRecord,
+        node_type: str,
+        metrics: dict[str, float],
+    ) -> LocalFigure | None:
+        """The local verdict's figure of an output pair; None while an input is not compared
+        yet (the output is judged again when it is: :meth:`_set_eff`) or when the node has no
+        captured float input (an embedding's integer ids count as error-free)."""
+        if part_of(gkey.stem) != "output":
+            return None
+        klass = looser(golden.dtype, target.dtype)
+        limit = self.thresholds.local_limit(klass, node_type)
+        if limit is None:
+            return None
+        inputs = self._inputs(gkey)
+        if any(r is None for r in inputs):
+            return None
+        floats = [
+            r.metrics
+            for r in inputs
+            if r is not None
+            and r.verdict in (Verdict.PASS, Verdict.FAIL)
+            and dtype_class(r.golden.dtype if r.golden else "") != "int"
+        ]
+        if not floats:
+            if not inputs or op_kind(node_type) != "embedding":
+                return None
+            floats = [embedding_input()]
+        return local_figure(metrics, floats, klass, limit)
 
     def _set_eff(self, pair: _Pair) -> None:
         old = pair.eff
@@ -276,7 +324,7 @@ class SessionState:
             and old.reason == new.reason
             and old.order == new.order
             and old.block == new.block
-            and old.metrics is new.metrics
+            and old.metrics == new.metrics
             and old.failed == new.failed
         ):
             return
@@ -289,6 +337,12 @@ class SessionState:
         self._changed.add(("g", pair.gkey))
         self._dirty_member(("g", pair.gkey))
         self._findings_dirty = True
+        if part_of(pair.gkey.stem) == "input":  # the node's outputs are judged against it
+            key = pair.gkey
+            for gkey in self._node_keys.get((key.token, key.rank, key.node), ()):
+                out = self._pairs.get(gkey)
+                if out is not None and out.raw is not None and part_of(gkey.stem) == "output":
+                    self._set_eff(out)
 
     def _drop_eff(self, pair: _Pair) -> None:
         if pair.eff is not None:

@@ -111,6 +111,8 @@ async def test_metric_cycles_and_recolours() -> None:
         assert app.model.metric == "relative_euclidean_distance"
         assert (app.model.codes[:8, :11] != before).any()
         await pilot.press("m", "m", "m")
+        assert app.model.metric == "local_error"
+        await pilot.press("m")
         assert app.model.metric == "cosine_similarity"
         assert (app.model.codes[:8, :11] == before).all()
 

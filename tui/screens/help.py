@@ -18,7 +18,8 @@ from .. import keys, palette
 COLOURS = (
     "Each cell is one block (embedding, a decoder layer, the final norm, the logits) at one "
     "token, coloured by the worst value of the selected metric (m cycles cos, red, max_abs, "
-    "mean_rel) inside it. The number in the cell is its matching digits, -log10(error): "
+    "mean_rel, local: the share of its allowance the error an operator adds beyond its "
+    "inputs' uses) inside it. The number in the cell is its matching digits, -log10(error): "
     "4 means cos 0.9999 (or an error of 1e-4), 3 means 0.999, 2 means 0.99, = exact. Failed "
     "cells are red whatever the metric; the first failure (earliest token, then earliest in "
     'execution order) also carries "!" in the cell and in the token column.'

@@ -111,7 +111,15 @@ def test_csv_has_msit_columns_then_ours_in_report_order(tmp_path: Path) -> None:
     header, body = rows[0], rows[1:]
     assert header[:24] == list(MSIT_COLUMNS) and len(MSIT_COLUMNS) == 24
     assert header == list(CSV_COLUMNS)
-    assert header[24:] == ["verdict", "failed_metrics", "reason", "node_type", "exec_order"]
+    assert header[24:] == [
+        "verdict",
+        "failed_metrics",
+        "reason",
+        "node_type",
+        "exec_order",
+        "local_error",
+        "input_error",
+    ]
     col = {name: i for i, name in enumerate(header)}
     keys = [(int(r[col["token_id"]]), int(r[col["exec_order"]])) for r in body]
     assert keys == sorted(keys)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from layerwatch.engine.records import COSINE, TensorRecord, Verdict
+from layerwatch.engine.records import COSINE, LOCAL, TensorRecord, Verdict
 from layerwatch.engine.seam import CellState, QueueSink
 from layerwatch.engine.session.core import CompareSession
 from support.sessions import finished_session
@@ -161,9 +161,11 @@ def test_residual_hidden_fault_still_colours_the_layer(tmp_path: Path) -> None:
     by_key = {(r.key.token, r.key.node, r.key.stem): r for r in session.results()}
     down = by_key[(0, "root.model.layers.1.mlp.down_proj", "output")]
     layer = by_key[(0, "root.model.layers.1", "output")]
-    assert (
-        down.verdict is Verdict.FAIL and layer.verdict is Verdict.PASS
-    )  # the residual add hides it
+    assert down.verdict is Verdict.FAIL
+    # the residual add hides it from the global limits; only the local verdict (the layer adds
+    # error its input did not have: the fault is inside it) fails the layer
+    assert layer.verdict is Verdict.FAIL and layer.failed == (LOCAL,)
+    assert session.first_failure is not None and session.first_failure.node == down.key.node
     cell = session.cells()[(0, down.block)]
     assert cell.state is CellState.FAIL and cell.first_bad
     assert cell.worst[0] == pytest.approx(down.metrics[COSINE])  # worst cosine in the block

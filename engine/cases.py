@@ -1,0 +1,233 @@
+"""Per-case comparison: a dump with several cases (prompts) is compared case by case.
+
+A layerwatch dump marks cases in its index (``capture/cases.py``): each is a span of tokens.
+Each case's tensors are renumbered from token 0 and compared in a session of their own, so one
+case's divergence never reaches the next and every case gets its own first bad token. Golden
+and target cases are paired by key when their keys overlap, else by order.
+
+JSON: the usual ``summary`` (totals, plus ``cases``/``bad_cases``), ``first_failure`` (of the
+first failing case, with its ``case``), ``rows`` (each with its ``case``), and ``cases``:
+``[{"key", "verdict", "first_bad_token", "first_failure"}]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from layerwatch.capture.atomic import write_text
+from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, report_format
+from layerwatch.engine.readers.base import ReaderUpdate
+from layerwatch.engine.records import TensorKey
+from layerwatch.engine.report import CSV_COLUMNS, csv_row, json_report
+
+CASE, CASE_END = "case", "case_end"
+
+
+@dataclass(frozen=True)
+class CaseSpan:
+    """Tokens ``begin`` .. ``end - 1`` of a dump (``end`` ``None``: to the end)."""
+
+    key: str
+    begin: int
+    end: int | None
+
+
+def spans(marks: Sequence[tuple[str, str, int]]) -> list[CaseSpan]:
+    """The cases of one dump from its case lines; a duplicate key is a one-line error."""
+    starts = sorted((token, key) for kind, key, token in marks if kind == CASE)
+    ends = {key: token for kind, key, token in marks if kind == CASE_END}
+    keys = [key for _, key in starts]
+    dup = next((k for k in keys if keys.count(k) > 1), None)
+    if dup is not None:
+        raise LayerwatchError(f"case key {dup!r} appears twice in one dump: keys must be unique")
+    out = []
+    for i, (begin, key) in enumerate(starts):
+        nxt = starts[i + 1][0] if i + 1 < len(starts) else None
+        end = ends.get(key)
+        if end is None or (nxt is not None and end > nxt):
+            end = nxt
+        out.append(CaseSpan(key, begin, end))
+    return out
+
+
+def has_cases(*updates: ReaderUpdate) -> bool:
+    """More than one case on some side: compare case by case."""
+    return any(sum(1 for kind, _, _ in u.case_marks if kind == CASE) > 1 for u in updates)
+
+
+def slice_update(update: ReaderUpdate, span: CaseSpan) -> ReaderUpdate:
+    """The part of ``update`` inside ``span``, tokens renumbered from 0."""
+
+    def inside(token: int) -> bool:
+        return token >= span.begin and (span.end is None or token < span.end)
+
+    tensors = [
+        dataclasses.replace(
+            rec,
+            key=TensorKey(rec.key.token - span.begin, rec.key.node, rec.key.stem, rec.key.rank),
+        )
+        for rec in update.tensors
+        if inside(rec.key.token)
+    ]
+    ids = {t - span.begin: v for t, v in update.token_ids.items() if inside(t)}
+    return ReaderUpdate(
+        tensors=tensors,
+        topology=update.topology,
+        token_ids=ids,
+        complete=update.complete,
+        weights=dict(update.weights),
+    )
+
+
+def pair_cases(
+    golden: list[CaseSpan], target: list[CaseSpan]
+) -> list[tuple[str, CaseSpan | None, CaseSpan | None]]:
+    """(key, golden, target) by key when the keys overlap, else by order."""
+    g = {c.key: c for c in golden}
+    t = {c.key: c for c in target}
+    if g.keys() & t.keys():
+        keys = [c.key for c in golden] + [c.key for c in target if c.key not in g]
+        return [(k, g.get(k), t.get(k)) for k in keys]
+    out: list[tuple[str, CaseSpan | None, CaseSpan | None]] = []
+    for i in range(max(len(golden), len(target))):
+        gc = golden[i] if i < len(golden) else None
+        tc = target[i] if i < len(target) else None
+        out.append(((gc or tc).key, gc, tc))  # type: ignore[union-attr]
+    return out
+
+
+@dataclass
+class CaseResult:
+    key: str
+    verdict: str
+    report: dict[str, Any] = field(default_factory=dict)
+    results: list[Any] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        ff = self.report.get("first_failure")
+        return {
+            "key": self.key,
+            "verdict": self.verdict,
+            "first_bad_token": self.report.get("first_bad_token"),
+            "first_failure": ff,
+        }
+
+
+def compare_cases(
+    updates: dict[str, ReaderUpdate], make_session: Callable[[], Any]
+) -> list[CaseResult]:
+    """One session per paired case (``make_session`` builds each with the command's options)."""
+    whole = {side: spans(u.case_marks) or [CaseSpan("0", 0, None)] for side, u in updates.items()}
+    out = []
+    for key, gc, tc in pair_cases(whole["golden"], whole["target"]):
+        if gc is None or tc is None:
+            out.append(CaseResult(key, "unpaired"))
+            continue
+        session = make_session()
+        try:
+            session.add_update("golden", slice_update(updates["golden"], gc))
+            session.add_update("target", slice_update(updates["target"], tc))
+            for side in ("golden", "target"):
+                session.finish(side)
+            session.flush()
+            results = session.results()
+            report = json_report(
+                results,
+                session.summary,
+                session.first_failure,
+                session.root_cause,
+                session.first_bad_token,
+            )
+        finally:
+            session.close()
+        s = session.summary
+        verdict = "fail" if s.failed or s.error else "diverged" if s.diverged else "pass"
+        if not results:
+            verdict = "empty"
+        out.append(CaseResult(key, verdict, report, results))
+    return out
+
+
+def report_object(cases: Sequence[CaseResult]) -> dict[str, Any]:
+    totals: dict[str, int] = {}
+    rows = []
+    for case in cases:
+        for name, value in case.report.get("summary", {}).items():
+            totals[name] = totals.get(name, 0) + value
+        for row in case.report.get("rows", ()):
+            rows.append({"case": case.key, **row})
+    bad = [c for c in cases if c.verdict == "fail"]
+    first = bad[0].report if bad else {}
+
+    def tagged(finding: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if finding is None else {"case": bad[0].key, **finding}
+
+    return {
+        "summary": {**totals, "cases": len(cases), "bad_cases": len(bad)},
+        "first_failure": tagged(first.get("first_failure")),
+        "root_cause": tagged(first.get("root_cause")),
+        "first_bad_token": first.get("first_bad_token"),
+        "rows": rows,
+        "cases": [c.to_json() for c in cases],
+    }
+
+
+def summary_lines(cases: Sequence[CaseResult]) -> list[str]:
+    obj = report_object(cases)
+    s = obj["summary"]
+    lines = [f"cases: {s['cases']} · {s['bad_cases']} failing · {s.get('pairs', 0)} pairs"]
+    for case in cases:
+        ff = case.report.get("first_failure")
+        where = ""
+        if ff:
+            where = f" · first bad token {case.report.get('first_bad_token')} · {ff.get('node')}"
+        lines.append(f"case {case.key}: {case.verdict}{where}")
+    return lines
+
+
+def conclude_cases(
+    cases: Sequence[CaseResult], out: TextIO, *, output: str | None, as_json: bool
+) -> int:
+    """Report file, stdout and exit code for a per-case comparison (0 clean, 1 a failing case)."""
+    if not any(c.results for c in cases):
+        raise LayerwatchError("nothing to compare: no case has tensors on both sides")
+    obj = report_object(cases)
+    if output:
+        _write(Path(output), obj, cases)
+    if as_json:
+        out.write(json.dumps(obj, indent=1) + "\n")
+    elif not output:
+        out.write("\n".join(summary_lines(cases)) + "\n")
+    out.flush()
+    return EXIT_FINDING if obj["summary"]["bad_cases"] else EXIT_OK
+
+
+def _write(path: Path, obj: dict[str, Any], cases: Sequence[CaseResult]) -> None:
+    kind = report_format(path)
+    if kind == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(["case", *CSV_COLUMNS])
+        n = 0
+        for case in cases:
+            for result in case.results:
+                writer.writerow([case.key, *csv_row(result, n)])
+                n += 1
+        text = buf.getvalue()
+    elif kind == "json":
+        text = json.dumps(obj, indent=1) + "\n"
+    else:
+        rest = {k: v for k, v in obj.items() if k != "rows"}
+        text = "".join(json.dumps(r) + "\n" for r in obj["rows"]) + json.dumps(rest) + "\n"
+    try:
+        write_text(path, text)
+    except OSError as exc:
+        raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None
