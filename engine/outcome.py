@@ -5,9 +5,15 @@
 dumps give the same report and the same exit code whichever way they were compared.
 
 Exit codes: 0 every pair passes, 1 a finding (a FAIL or an ERROR pair; for launched commands
-also a command that failed), 2 unusable input (bad usage, unreadable dumps, nothing to compare:
-a :class:`LayerwatchError` the CLI prints as one line). Unpaired tensors are reported but do not
-fail the run.
+also a command that failed), 2 unusable or mismatched input (bad usage, unreadable dumps, nothing
+to compare, or dumps that do not describe the same run — :func:`mismatch`: a
+:class:`LayerwatchError` the CLI prints as one line, after the report file is written).
+
+Mismatched input (:func:`mismatch`), so that a comparison of unrelated or damaged dumps is never
+read as a clean pass: every pair unreadable; the prompt ids differ at token 0; more than
+``MOST_UNPAIRED`` (half) of all tensors seen found no partner; no pair passed or failed at all.
+``--allow-partial`` waives the unpaired rule (and "none passed or failed" when only unpaired
+tensors are the cause) for a sub-graph compared on purpose.
 
 Report files: the suffix names the format — ``.csv`` (msit's columns plus verdicts), ``.json``
 (the ``--json`` object), ``.jsonl`` (one row per line, then one summary line); anything else is
@@ -24,7 +30,7 @@ from typing import Any, TextIO
 
 from layerwatch.capture.atomic import replacing
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.records import PairResult
+from layerwatch.engine.records import PairResult, Verdict
 from layerwatch.engine.report import dumps_json, json_report, write_csv, write_jsonl
 from layerwatch.engine.seam import Summary
 from layerwatch.engine.wording import summary_text
@@ -34,6 +40,61 @@ EXIT_FINDING = 1
 EXIT_UNUSABLE = 2
 
 REPORT_SUFFIXES = (".csv", ".json", ".jsonl")
+
+MOST_UNPAIRED = 0.5
+"""Share of all tensors seen (both sides) without a partner above which the dumps are taken to
+describe different runs: a port of the same model pairs nearly everything by name or ``--map``."""
+
+
+def _n(value: int) -> str:
+    """``1 200``: thousands apart with a space, as the reports print counts."""
+    return f"{value:,}".replace(",", " ")
+
+
+def _prompt(ids: tuple[int, ...] | None) -> str:
+    return "none dumped" if ids is None else f"{_n(len(ids))} ids"
+
+
+def _few(ids: tuple[int, ...] | None) -> str:
+    if not ids:
+        return "[]"
+    head = ", ".join(map(str, ids[:6]))
+    return f"[{head}{', …' if len(ids) > 6 else ''}]"
+
+
+def mismatch(session: Any, *, allow_partial: bool = False) -> str | None:
+    """Why the golden and target dumps cannot be judged against each other, or None.
+
+    One line for the exit-2 message; the rules are the module docstring's.
+    """
+    s = session.summary
+    if s.pairs and s.error == s.pairs:
+        first = next((r for r in session.results() if r.verdict is Verdict.ERROR), None)
+        why = f": {first.reason}" if first is not None and first.reason else ""
+        return f"every one of the {_n(s.pairs)} pairs could not be read{why}"
+    ids = {side: session.token_ids(side).get(0) for side in ("golden", "target")}
+    other_prompt = None not in ids.values() and ids["golden"] != ids["target"]
+    seen = 2 * s.pairs + s.unpaired
+    mostly_unpaired = not allow_partial and seen and s.unpaired > MOST_UNPAIRED * seen
+    if mostly_unpaired:
+        what = "model and prompt" if other_prompt else "model"
+        return (
+            f"the dumps do not look like the same {what}: {_n(s.unpaired)} of {_n(seen)} "
+            f"tensors unpaired; golden prompt {_prompt(ids['golden'])}, target "
+            f"{_prompt(ids['target'])} (--allow-partial compares a sub-graph on purpose)"
+        )
+    if other_prompt:
+        return (
+            f"the dumps were not fed the same prompt: at token 0 golden "
+            f"{_prompt(ids['golden'])} {_few(ids['golden'])}, target {_prompt(ids['target'])} "
+            f"{_few(ids['target'])}"
+        )
+    if s.passed + s.failed == 0 and (s.pairs or not allow_partial):
+        return (
+            f"no pair passed or failed ({_n(s.pairs)} paired: {_n(s.diverged)} diverged, "
+            f"{_n(s.error)} unreadable; {_n(s.unpaired)} tensors unpaired): nothing was compared"
+        )
+    return None
 
 
 def report_format(path: str | os.PathLike[str]) -> str:
@@ -60,6 +121,7 @@ def _report_object(session: Any, results: Sequence[PairResult]) -> dict[str, Any
         session.first_failure,
         session.root_cause,
         session.first_bad_token,
+        getattr(session, "divergence", None),
     )
 
 
@@ -102,12 +164,14 @@ def conclude(
     summary_with_report: bool,
     notes: Sequence[str] = (),
     failed_commands: Sequence[str] = (),
+    allow_partial: bool = False,
 ) -> int:
     """End a finished comparison: the report file, stdout, the exit code.
 
     ``empty`` says why there was nothing to compare (then exit 2, nothing written). stdout gets
     the ``--json`` object, else the short summary and ``notes`` — unless ``summary_with_report``
     is false and a report file was written (``compare -o`` prints nothing, as it always has).
+    Mismatched dumps (:func:`mismatch`) then end as a LayerwatchError: one line, exit 2.
     """
     results = session.results()
     if not results:
@@ -121,4 +185,7 @@ def conclude(
         for note in notes:
             out.write(f"note: {note}\n")
     out.flush()
+    wrong = mismatch(session, allow_partial=allow_partial)
+    if wrong is not None:  # after the report: it shows what was (not) paired
+        raise LayerwatchError(wrong)
     return exit_code(session.summary, failed_commands)

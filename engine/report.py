@@ -13,12 +13,14 @@ JSON (``layerwatch compare --json``, ``-o report.json``; keep these names stable
      "first_failure": null | {"token", "node", "tensor", "verdict", "failed_metrics", "metrics"},
      "root_cause": null | (same shape),
      "first_bad_token": int | null,
+     "divergence": null | {"token", "golden_id", "target_id", "golden_margin", "near_tie",
+                           "not_compared": {"tokens": [int, ...], "pairs": int}},
      "rows": [{"token", "node", "tensor", "verdict", "metrics", "reason"}, ...]}
 
 ``summary.pairs`` counts compared pairs (pass + fail + diverged + error); unpaired tensors are
 counted apart. Non-finite metric values (an infinite relative error) are written as ``null``
 so the output stays strict JSON. JSON lines (``-o report.jsonl``): each row on its own line, then
-one line with the other four keys. Which file gets which format, and the exit codes, are
+one line with the other keys. Which file gets which format, and the exit codes, are
 engine/outcome.py's.
 """
 
@@ -38,7 +40,7 @@ from layerwatch.engine.records import (
     Stats,
     TensorRecord,
 )
-from layerwatch.engine.seam import Finding, Summary
+from layerwatch.engine.seam import Divergence, Finding, Summary
 
 MSIT_COLUMNS = (
     "token_id",
@@ -149,6 +151,7 @@ def json_report(
     first_failure: Finding | None,
     root_cause: Finding | None,
     first_bad_token: int | None,
+    divergence: Divergence | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` object (module docstring)."""
     rows = []
@@ -161,6 +164,7 @@ def json_report(
         "first_failure": _finding(first_failure),
         "root_cause": _finding(root_cause),
         "first_bad_token": first_bad_token,
+        "divergence": divergence.to_json() if divergence is not None else None,
         "rows": rows,
     }
 

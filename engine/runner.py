@@ -1,7 +1,7 @@
 """``layerwatch compare GOLDEN TARGET``: two finished dumps in, a verdict and a report out.
 
 Exit codes and report files are engine/outcome.py's (the same for every front end): 0 every
-pair passes, 1 a finding, 2 bad usage or unreadable input. Start-up stays cheap: no torch and no
+pair passes, 1 a finding, 2 bad usage, unreadable or mismatched input. Start-up stays cheap: no torch and no
 pandas on this path (readers parse ``.pth`` zips themselves).
 """
 
@@ -114,4 +114,5 @@ def compare_main(args: argparse.Namespace) -> int:
         empty=f"no tensors in {args.golden} and {args.target}"
         + (f" for tokens {args.tokens}" if tokens else ""),
         summary_with_report=False,
+        allow_partial=bool(getattr(args, "allow_partial", False)),
     )

@@ -124,6 +124,41 @@ class Summary:
 
 
 @dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where the target's generated tokens part from the golden's (``None`` while they agree).
+
+    ``token`` is the step whose logits chose differently: the step before the first token whose
+    input ids differ. The ids are the last input id of the next step on each side (the token
+    each side generated); ``golden_margin`` is the golden top-1 minus top-2 logit at ``token``
+    from its logits pair (engine/numerics/logits.py), ``None`` when logits were not dumped.
+    ``near_tie``: the flip passed the logits verdict's margin rule (``golden_top2_margin`` per
+    dtype in engine/thresholds.toml), ``None`` without logits. Later steps were fed other
+    input: ``not_compared_tokens`` / ``not_compared_pairs`` say how much that left unjudged.
+    """
+
+    token: int
+    golden_id: int
+    target_id: int
+    golden_margin: float | None
+    near_tie: bool | None
+    not_compared_tokens: tuple[int, ...]
+    not_compared_pairs: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "golden_id": self.golden_id,
+            "target_id": self.target_id,
+            "golden_margin": self.golden_margin,
+            "near_tie": self.near_tie,
+            "not_compared": {
+                "tokens": list(self.not_compared_tokens),
+                "pairs": self.not_compared_pairs,
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class RunStatus:
     """What one side's producer is doing: for the status line. Filled by the live pipeline."""
 
@@ -149,6 +184,7 @@ class ResultBatch:
     first_failure: Finding | None = None
     root_cause: Finding | None = None
     first_bad_token: int | None = None
+    divergence: Divergence | None = None
     runs: dict[str, RunStatus] = field(default_factory=dict)
     """Latest status per side, only for sides whose status changed."""
     notes: list[str] = field(default_factory=list)

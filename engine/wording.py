@@ -18,7 +18,7 @@ from typing import Any
 
 from layerwatch.engine import records as R
 from layerwatch.engine.records import COSINE
-from layerwatch.engine.seam import BlockInfo, CellState, Finding, RunStatus, Summary
+from layerwatch.engine.seam import BlockInfo, CellState, Divergence, Finding, RunStatus, Summary
 
 # --- figures --------------------------------------------------------------------------------
 SHORT: dict[str, str] = {
@@ -182,11 +182,43 @@ def finding_words(finding: Finding, blocks: Sequence[BlockInfo] = ()) -> str:
     return " · ".join(parts)
 
 
+FOLLOW_HINT = (
+    "to compare every step: capture the target with teacher forcing, "
+    "layerwatch dump --follow GOLDEN --out DIR -- COMMAND"
+)
+
+
+def _steps(tokens: tuple[int, ...]) -> str:
+    if not tokens:
+        return "no later step"
+    if len(tokens) == 1:
+        return f"step {tokens[0]}"
+    return f"steps {tokens[0]}–{tokens[-1]}"
+
+
+def divergence_words(d: Divergence, pairs: int) -> str:
+    """One sentence: where the outputs part, whether it is a near tie, what was not compared."""
+    if d.golden_margin is None:
+        why = "logits not captured: no margin"
+    else:
+        kind = "a near tie" if d.near_tie else "a confident choice"
+        why = f"golden margin {d.golden_margin:.3g}, {kind}"
+    return (
+        f"outputs differ from step {d.token}: the target chose {d.target_id}, the golden "
+        f"{d.golden_id} ({why}); {_steps(d.not_compared_tokens)} not compared "
+        f"({d.not_compared_pairs} of {pairs} pairs)"
+    )
+
+
 def summary_text(session: Any) -> str:
     """The short human summary ``layerwatch compare`` prints without ``-o``/``--json``."""
     s: Summary = session.summary
     blocks = session.blocks()
     lines = []
+    parted = getattr(session, "divergence", None)
+    if parted is not None:
+        lines.append(divergence_words(parted, s.pairs))
+        lines.append(f"  {FOLLOW_HINT}")
     bad = session.first_bad_token
     lines.append(f"first bad token: {bad if bad is not None else 'none'}")
     first, cause = session.first_failure, session.root_cause

@@ -110,6 +110,11 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs", type=int, default=0, metavar="N", help="compare processes (default: CPU count)"
     )
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="a sub-graph on purpose: mostly unpaired tensors are not a mismatch (exit 2)",
+    )
 
 
 def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = True) -> None:

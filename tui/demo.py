@@ -87,17 +87,15 @@ def demo_main(args: argparse.Namespace) -> int:
 
 
 def demo_exit(code: int, fault: str) -> int:
-    """0 when the demo did what it shows: the planted fault found (or, with ``--fault none``,
-    everything passing). Reported as compare would (1 = a failure) it would read as broken."""
+    """The comparison's own exit code (engine/outcome.py: 1 = the planted fault was found, as
+    compare would say it), with one stderr line when the demo did not show what it plants."""
     from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK
 
     if code not in (EXIT_OK, EXIT_FINDING):
         return code
     expected = EXIT_OK if fault == "none" else EXIT_FINDING
-    if code == expected:
-        return EXIT_OK
-    if fault == "none":
+    if code != expected and fault == "none":
         print("layerwatch demo: the clean run reported a failure", file=sys.stderr)
-    else:
+    elif code != expected:
         print(f"layerwatch demo: the planted fault {fault} was not found", file=sys.stderr)
-    return EXIT_FINDING
+    return code

@@ -226,6 +226,7 @@ def report(pipeline: Any, args: argparse.Namespace, out: TextIO, interrupted: bo
         summary_with_report=True,
         notes=pipeline.notes,
         failed_commands=pipeline.failed_commands,
+        allow_partial=bool(getattr(args, "allow_partial", False)),
     )
     return EXIT_INTERRUPTED if interrupted else code
 
@@ -238,6 +239,7 @@ class Printer:
         self.failures = failures
         self.progress = progress
         self.first: Any = None
+        self.parted: Any = None
         self.runs: dict[str, Any] = {}
         self.pairs = 0
         self.failed = 0
@@ -274,7 +276,19 @@ class Printer:
                 self.first = first
                 words = finding_words(first, self.pipeline.session.blocks())
                 print(f"first failure{again}: {words}", file=self.failures, flush=True)
+            if self.parted is None and batch.summary.diverged:
+                self._divergence(batch.summary.pairs)
         self._tick()
+
+    def _divergence(self, pairs: int) -> None:
+        """Say where the outputs part as soon as the first diverged token lands (once: the step
+        and ids do not change when later tokens land)."""
+        from layerwatch.engine.wording import divergence_words
+
+        parted = getattr(self.pipeline.session, "divergence", None)
+        if parted is not None:
+            self.parted = parted
+            print(f"layerwatch: {divergence_words(parted, pairs)}", file=self.failures, flush=True)
 
     def _tick(self) -> None:
         now = time.monotonic()

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from layerwatch.engine.seam import BlockInfo, CellUpdate, Finding, ResultBatch, RunStatus, Summary
+from layerwatch.engine.seam import (
+    BlockInfo,
+    CellUpdate,
+    Divergence,
+    Finding,
+    ResultBatch,
+    RunStatus,
+    Summary,
+)
 
 
 @dataclass
@@ -32,6 +40,7 @@ class RunState:
     first_failure: Finding | None = None
     root_cause: Finding | None = None
     first_bad_token: int | None = None
+    divergence: Divergence | None = None
     done: bool = False
     notes: list[str] = field(default_factory=list)
     pairs_seen: int = 0
@@ -52,6 +61,9 @@ class RunState:
             self.first_failure = batch.first_failure
             self.root_cause = batch.root_cause
             self.first_bad_token = batch.first_bad_token
+            if batch.divergence != self.divergence:
+                tick.status_changed = True
+            self.divergence = batch.divergence
             tick.finished = tick.finished or (batch.done and not self.done)
             self.done = self.done or batch.done
             if (self.first_failure, self.root_cause) != before:

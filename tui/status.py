@@ -104,6 +104,10 @@ class StatusBar(TextLines):
             text.append(f" {why}")
         else:
             text.append(" waiting for tensors from both sides…", style="dim")
+        if state.divergence is not None:
+            text.append("\n")
+            text.append(" ≠ outputs part ", style="bold reverse blue")
+            text.append(" " + wording.divergence_words(state.divergence, s.pairs), style="blue")
         return text
 
 

@@ -27,6 +27,10 @@ from layerwatch.engine.records import KL, MARGIN, TOP1, TOPK
 ROW_BLOCK_ELEMS = 1 << 18
 """Float64 elements per row block (≈ 2 MiB per temporary)."""
 
+MAX_VOCAB = 1 << 20
+"""Largest last axis read as a vocabulary (real vocabularies are up to ~262 k): a root output
+with a longer last axis, or a 1-D one, is a plain tensor (:func:`logits_shaped`)."""
+
 
 class LogitsAccumulator:
     """Streaming logits metrics over blocks of whole rows ``[R, V]``."""
@@ -103,29 +107,46 @@ def logits_rows(array: np.ndarray, vocab_axis: int = -1) -> np.ndarray:
     return moved.reshape(-1, moved.shape[-1]) if moved.shape[-1] else moved.reshape(0, 0)
 
 
+def logits_shaped(shape: tuple[int, ...], *, one_row: bool = False) -> bool:
+    """Whether a tensor of ``shape`` is read as logits rows: at least 2-D (positions × vocab;
+    1-D too with ``one_row``, for the known logits node) and a last axis of at most
+    :data:`MAX_VOCAB`. Anything else is compared as a plain tensor, never as one huge
+    vocabulary row."""
+    return len(shape) >= (1 if one_row else 2) and 0 < shape[-1] <= MAX_VOCAB
+
+
 def row_blocks(
     pairs: Iterable[tuple[np.ndarray, np.ndarray]], vocab: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Regroup equal-length 1-D chunk pairs (C order, vocabulary last) into whole-row blocks.
 
-    Only a partial row is carried between chunks, so memory stays one chunk plus one row.
+    Only a partial row is carried between chunks, so memory stays one chunk plus one row. The
+    partial row is kept as a list of pieces and joined once, when it is whole: joining it again
+    for every chunk made a row longer than a chunk cost time quadratic in the row's length.
     """
-    carry_g = carry_t = np.empty(0)
+    pieces_g: list[np.ndarray] = []
+    pieces_t: list[np.ndarray] = []
+    held = 0
     for g, t in pairs:
-        if carry_g.size:
-            need = vocab - carry_g.size
-            head_g = np.concatenate([carry_g, g[:need]])
-            head_t = np.concatenate([carry_t, t[:need]])
-            g, t = g[need:], t[need:]
-            if head_g.size < vocab:
-                carry_g, carry_t = head_g, head_t
+        if held:
+            need = vocab - held
+            pieces_g.append(g[:need].copy())
+            pieces_t.append(t[:need].copy())
+            taken = min(need, g.size)
+            held += taken
+            g, t = g[taken:], t[taken:]
+            if held < vocab:
                 continue
+            head_g, head_t = np.concatenate(pieces_g), np.concatenate(pieces_t)
+            pieces_g, pieces_t, held = [], [], 0
             yield head_g.reshape(1, vocab), head_t.reshape(1, vocab)
         whole = (g.size // vocab) * vocab
         if whole:
             yield g[:whole].reshape(-1, vocab), t[:whole].reshape(-1, vocab)
-        carry_g, carry_t = g[whole:].copy(), t[whole:].copy()
-    if carry_g.size:
+        if g.size > whole:
+            pieces_g, pieces_t = [g[whole:].copy()], [t[whole:].copy()]
+            held = g.size - whole
+    if held:
         raise ValueError("logits stream ended inside a row")
 
 

@@ -8,6 +8,7 @@ reads piecewise so a multi-GB tensor is compared in bounded memory.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterator
@@ -153,10 +154,46 @@ def _decode(raw: np.ndarray, dt: str, as_float: bool) -> np.ndarray:
     return raw
 
 
+@functools.lru_cache(maxsize=256)
+def _header_end(path: str, size: int, mtime_ns: int) -> int | None:
+    """Where a ``.safetensors`` file's JSON header ends, or None when the file has none.
+
+    Payloads are read at the index's offsets without parsing the header (capture/format.py),
+    so bytes that are not ours — a file overwritten with other data — would be read as numbers
+    and judged as a numerical fault. Checking the 8-byte length and the opening brace, once
+    per file version (``size``/``mtime_ns`` key the cache), tells damaged input from a finding.
+    """
+    del size, mtime_ns  # cache key only
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(9)
+    except OSError:
+        return None
+    if len(head) < 9 or head[8:9] != b"{":
+        return None
+    return 8 + int.from_bytes(head[:8], "little")  # past the file's end: reads say "truncated"
+
+
+def _check_container(loc: Locator) -> None:
+    """A one-line error when ``loc`` points into a ``.safetensors`` file that is not one."""
+    if not loc.path.endswith(".safetensors"):
+        return
+    try:
+        st = os.stat(loc.path)
+    except FileNotFoundError:
+        raise LayerwatchError(f"{loc.path}: file not found") from None
+    except OSError as exc:
+        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+    end = _header_end(loc.path, st.st_size, st.st_mtime_ns)
+    if end is None or loc.offset < end:
+        raise LayerwatchError(f"{loc.path}: not a safetensors file (damaged or overwritten)")
+
+
 def _read(loc: Locator, first: int, count: int, sdt: np.dtype) -> np.ndarray:
     """``count`` stored elements starting at element ``first`` of the storage, or a one-line error."""
     if count <= 0:
         return np.empty(0, sdt)
+    _check_container(loc)
     try:
         raw = np.fromfile(
             loc.path, dtype=sdt, count=count, offset=loc.offset + first * sdt.itemsize
@@ -271,6 +308,7 @@ def iter_chunks(
     total = math.prod(shape)
     if loc.layout == "" and _is_contiguous(shape, strides):
         if reuse and total:
+            _check_container(loc)
             yield from _reused_chunks(loc, total, max_elems, dt, sdt, as_float)
             return
         for start in range(0, total, max_elems):
@@ -354,6 +392,8 @@ def load_flat(loc: Locator) -> np.ndarray:
     sdt = _STORED[dt]
     want = math.prod(loc.shape) * sdt.itemsize
     start = loc.offset + loc.elem_offset * sdt.itemsize
+    if want:
+        _check_container(loc)
     try:
         fd = os.open(loc.path, os.O_RDONLY)
     except FileNotFoundError:
@@ -430,6 +470,7 @@ def _nz_pieces(loc: Locator, sdt: np.dtype, max_elems: int) -> Iterator[np.ndarr
 def _memmap(loc: Locator, first: int, count: int, sdt: np.dtype) -> np.ndarray:
     """Read-only map of ``count`` stored elements; the file size is checked first (no SIGBUS)."""
     start = loc.offset + first * sdt.itemsize
+    _check_container(loc)
     try:
         size = os.path.getsize(loc.path)
     except FileNotFoundError:

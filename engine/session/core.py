@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, cast
 
 from layerwatch.capture.tokens import TokenSelection
 from layerwatch.engine.records import (
+    MARGIN,
+    TOP1,
     Locator,
     PairResult,
     TensorKey,
@@ -27,6 +29,7 @@ from layerwatch.engine.records import (
 from layerwatch.engine.seam import (
     BlockInfo,
     CellUpdate,
+    Divergence,
     Finding,
     PairDetail,
     ResultBatch,
@@ -208,6 +211,46 @@ class CompareSession(SessionState):
     def notes(self) -> list[str]:
         with self._lock:
             return list(self._notes)
+
+    @property
+    def divergence(self) -> Divergence | None:
+        """Where the generated tokens part (engine/seam.py's ``Divergence``), or None.
+
+        Stable once the first diverged token landed: later tokens only add to ``not_compared``.
+        A prompt that differs at token 0 is no divergence but a mismatch (engine/outcome.py).
+        """
+        with self._lock:
+            at = self._diverge_at
+            if not at:
+                return None
+            golden, target = self._token_ids["golden"][at], self._token_ids["target"][at]
+            step = at - 1
+            logits = [
+                p.raw
+                for p in self._pairs.values()
+                if p.logits and p.gkey.token == step and p.raw is not None and p.raw.metrics
+            ]
+            margin: float | None = None
+            near_tie: bool | None = None
+            if logits:
+                flipped = [r for r in logits if r.metrics.get(TOP1, 1.0) < 1.0] or logits
+                margin = max(float(r.metrics.get(MARGIN, 0.0)) for r in flipped)
+                near_tie = not any(TOP1 in r.failed or MARGIN in r.failed for r in flipped)
+            later = {k.token for side in SIDES for k in self._records[side] if k.token >= at}
+            return Divergence(
+                token=step,
+                golden_id=golden[-1] if golden else -1,
+                target_id=target[-1] if target else -1,
+                golden_margin=margin,
+                near_tie=near_tie,
+                not_compared_tokens=tuple(sorted(later)),
+                not_compared_pairs=self._counts[Verdict.DIVERGED],
+            )
+
+    def token_ids(self, side: str) -> dict[int, tuple[int, ...]]:
+        """The input ids each token of ``side`` was fed (from its dump's token records)."""
+        with self._lock:
+            return dict(self._token_ids[side])
 
     def progress(self) -> dict[str, tuple[int, int]]:
         """Per side: (tokens seen, tensors seen), for status lines."""
@@ -406,6 +449,7 @@ class CompareSession(SessionState):
             first_failure=self._first_failure,
             root_cause=self._root_cause,
             first_bad_token=self._first_bad_token,
+            divergence=self.divergence if self._diverge_at else None,
             notes=notes,
             done=done,
         )

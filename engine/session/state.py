@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from layerwatch.capture.tokens import TokenSelection
 from layerwatch.engine.numerics.local import LocalFigure, embedding_input, local_figure, op_kind
+from layerwatch.engine.numerics.logits import logits_shaped
 from layerwatch.engine.numerics.threshold_schema import dtype_class, looser
 from layerwatch.engine.records import (
     INPUT_ERR,
@@ -549,11 +550,12 @@ class SessionState:
         if record is None or not _is_float(record.dtype):
             return False
         node, vocab = self._logits
-        if gkey.node == node:
-            return True
+        shape = tuple(record.shape)
         root = self._layout_topo.root if self._layout_topo is not None else "root"
-        if gkey.node != root:
-            return False
+        if gkey.node == node and node != root:
+            return logits_shaped(shape, one_row=True)
+        if gkey.node != root or not logits_shaped(shape):
+            return False  # a 1-D root output, or a last axis beyond any vocabulary: plain
         if gkey.stem == "output_logits":
             return True
         return (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from layerwatch.engine.numerics.metrics import compare_arrays
+from layerwatch.engine.numerics.arrays import compare_arrays
 
 SHAPES = [(64, 64), (256, 64), (1024, 1024), (4096, 512), (512, 4096)]
 

@@ -113,7 +113,7 @@ def test_demo_in_a_terminal_finds_the_fault_and_quits_cleanly(demo: Pane) -> Non
 
     demo.keys("q")
     screen = demo.wait_for("EXITED rc=", timeout=60)
-    assert "EXITED rc=0" in screen
+    assert "EXITED rc=1" in screen  # the planted fault found: a finding, as compare says it
     # The terminal was restored: the shell's line shows and the alternate screen is gone.
     assert "first failure" not in screen
 

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 from layerwatch.engine.numerics.arrays import compare_arrays
-from layerwatch.engine.numerics.logits import LogitsAccumulator, logits_metrics, row_blocks
+from layerwatch.engine.numerics.logits import (
+    MAX_VOCAB,
+    LogitsAccumulator,
+    logits_metrics,
+    logits_shaped,
+    row_blocks,
+)
 from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import COSINE, KL, MARGIN, TOP1, TOPK, Verdict
 
@@ -149,6 +155,33 @@ def test_row_blocks_regroup_any_chunking() -> None:
     for rg, rt in rows:
         acc.update(rg, rt)
     assert acc.result() == logits_metrics(g.reshape(7, VOCAB), t.reshape(7, VOCAB))
+
+
+def test_row_blocks_reuse_safe_when_a_row_spans_many_chunks() -> None:
+    """A row longer than a chunk is gathered from pieces joined once; the chunks may be one
+    buffer refilled in place (iter_chunks(reuse=True)), so the pieces must be copies."""
+    vocab, chunk = 1000, 64
+    g = np.arange(3 * vocab, dtype=np.float32)
+    buf_g, buf_t = np.empty(chunk, np.float32), np.empty(chunk, np.float32)
+
+    def refilled():
+        for start in range(0, g.size, chunk):
+            n = min(chunk, g.size - start)
+            buf_g[:n], buf_t[:n] = g[start : start + n], -g[start : start + n]
+            yield buf_g[:n], buf_t[:n]
+
+    rows = [(rg.copy(), rt.copy()) for rg, rt in row_blocks(refilled(), vocab)]
+    np.testing.assert_array_equal(np.concatenate([r[0] for r in rows]), g.reshape(3, vocab))
+    np.testing.assert_array_equal(np.concatenate([r[1] for r in rows]), -g.reshape(3, vocab))
+    with pytest.raises(ValueError, match="inside a row"):
+        list(row_blocks(iter([(g[:10], g[:10])]), vocab))
+
+
+def test_only_logits_shaped_tensors_are_rows() -> None:
+    assert logits_shaped((1, 4, 32000)) and logits_shaped((32000,), one_row=True)
+    assert not logits_shaped((1 << 26,))  # a 1-D root output: a plain tensor
+    assert not logits_shaped((1 << 26,), one_row=True)  # no vocabulary is that long
+    assert not logits_shaped((4, MAX_VOCAB + 1))
 
 
 def test_scaled_logits_fail_on_cosine_neutral_but_kl() -> None:

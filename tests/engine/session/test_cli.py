@@ -140,7 +140,15 @@ def test_json_shape_is_stable() -> None:
     out = layerwatch(GOLDEN, TARGET, "--json")
     assert out.returncode == 1
     report = json.loads(out.stdout)
-    assert set(report) == {"summary", "first_failure", "root_cause", "first_bad_token", "rows"}
+    assert set(report) == {
+        "summary",
+        "first_failure",
+        "root_cause",
+        "first_bad_token",
+        "divergence",
+        "rows",
+    }
+    assert report["divergence"] is None  # both sides generated the same tokens
     assert set(report["summary"]) == {"pairs", "pass", "fail", "diverged", "unpaired", "error"}
     s = report["summary"]
     assert s["pairs"] == s["pass"] + s["fail"] + s["diverged"] + s["error"] and s["fail"] > 0
