@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerwatch.capture.atomic import write_text
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, report_format
+from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, write_object_report
 from layerwatch.engine.readers.evalcases import EvalCase, EvalRun, read_eval
 
 BAD = "bad"
@@ -233,19 +232,4 @@ def badcase_main(args: argparse.Namespace) -> int:
 
 def _write_report(report: BadCaseReport, path: Path) -> None:
     """The report in the format ``path``'s suffix names (the rule of every command's ``-o``)."""
-    kind = report_format(path)
-    if kind == "csv":
-        buf = io.StringIO()
-        write_csv(report, buf)
-        text = buf.getvalue()
-    elif kind == "json":
-        text = json.dumps(report.to_json(), indent=1) + "\n"
-    else:  # jsonl: one case per line, then the summary line
-        obj = report.to_json()
-        lines = [json.dumps(row) for row in obj["rows"]]
-        lines.append(json.dumps({"summary": obj["summary"], "first_failure": obj["first_failure"]}))
-        text = "\n".join(lines) + "\n"
-    try:
-        write_text(path, text)
-    except OSError as exc:
-        raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None
+    write_object_report(path, report.to_json(), lambda out: write_csv(report, out))

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from layerwatch.capture.atomic import write_text
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, report_format
+from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, write_object_report
 from layerwatch.engine.readers.base import ReaderUpdate
 from layerwatch.engine.records import TensorKey
 from layerwatch.engine.report import CSV_COLUMNS, csv_row, json_report
@@ -211,23 +209,13 @@ def conclude_cases(
 
 
 def _write(path: Path, obj: dict[str, Any], cases: Sequence[CaseResult]) -> None:
-    kind = report_format(path)
-    if kind == "csv":
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
+    def rows(out: TextIO) -> None:
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["case", *CSV_COLUMNS])
         n = 0
         for case in cases:
             for result in case.results:
                 writer.writerow([case.key, *csv_row(result, n)])
                 n += 1
-        text = buf.getvalue()
-    elif kind == "json":
-        text = json.dumps(obj, indent=1) + "\n"
-    else:
-        rest = {k: v for k, v in obj.items() if k != "rows"}
-        text = "".join(json.dumps(r) + "\n" for r in obj["rows"]) + json.dumps(rest) + "\n"
-    try:
-        write_text(path, text)
-    except OSError as exc:
-        raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None
+
+    write_object_report(path, obj, rows)

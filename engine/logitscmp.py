@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import io
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from layerwatch.capture.atomic import write_text
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics.compare import compare_pairs
 from layerwatch.engine.numerics.thresholds import Thresholds
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, report_format
+from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, write_object_report
 from layerwatch.engine.readers.load import canonical_dtype
 from layerwatch.engine.readers.logitsdir import LogitsFile, detect, locate, logits_files
 from layerwatch.engine.records import MARGIN, TOP1, PairResult, TensorKey, TensorRecord, Verdict
@@ -194,7 +192,7 @@ def compare_logits_main(args: Any) -> int:
     """``layerwatch compare`` when both paths are logits folders."""
     output = getattr(args, "output", None)
     if output:
-        report_format(output)
+        check_report_path(output)
     cases = compare_folders(
         args.golden, args.target, Thresholds.load(getattr(args, "thresholds", None))
     )
@@ -211,11 +209,9 @@ def compare_logits_main(args: Any) -> int:
 
 
 def _write(path: Path, obj: dict[str, Any]) -> None:
-    kind = report_format(path)
-    if kind == "csv":
-        buf = io.StringIO()
+    def rows(out: TextIO) -> None:
         names = sorted({name for row in obj["rows"] for name in row["metrics"]})
-        writer = csv.writer(buf)
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["key", "token", "verdict", *names, "reason"])
         for row in obj["rows"]:
             writer.writerow(
@@ -223,13 +219,5 @@ def _write(path: Path, obj: dict[str, Any]) -> None:
                 + [row["metrics"].get(n, "") for n in names]
                 + [row["reason"]]
             )
-        text = buf.getvalue()
-    elif kind == "json":
-        text = json.dumps(obj, indent=1) + "\n"
-    else:
-        rest = {k: v for k, v in obj.items() if k != "rows"}
-        text = "".join(json.dumps(r) + "\n" for r in obj["rows"]) + json.dumps(rest) + "\n"
-    try:
-        write_text(path, text)
-    except OSError as exc:
-        raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None
+
+    write_object_report(path, obj, rows)

@@ -23,8 +23,9 @@ Files are replaced atomically (``capture/atomic.py``).
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -112,6 +113,28 @@ def check_report_path(path: str | os.PathLike[str] | None) -> None:
     """Refuse an unsupported ``-o`` before the comparison runs (it may take minutes)."""
     if path:
         report_format(path)
+
+
+def write_object_report(
+    path: str | os.PathLike[str], obj: dict[str, Any], write_csv_rows: Callable[[TextIO], None]
+) -> None:
+    """A headless command's report object (``summary``, ``first_failure``, ``rows``...) to
+    ``path`` in the format its suffix names: CSV by ``write_csv_rows``, the object as JSON, or
+    JSONL (one row a line, then one line with everything but the rows), replaced atomically.
+    The ``-o`` rule of badcase, scan, precheck-free commands and per-case reports alike."""
+    kind = report_format(path)
+    try:
+        with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
+            if kind == "csv":
+                write_csv_rows(fh)
+            elif kind == "json":
+                fh.write(json.dumps(obj, indent=1) + "\n")
+            else:
+                for row in obj["rows"]:
+                    fh.write(json.dumps(row) + "\n")
+                fh.write(json.dumps({k: v for k, v in obj.items() if k != "rows"}) + "\n")
+    except OSError as exc:
+        raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None
 
 
 def _report_object(session: Any, results: Sequence[PairResult]) -> dict[str, Any]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import sys
+from typing import TextIO
 
-from layerwatch.capture.atomic import write_text
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics import anomaly
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, report_format
+from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, write_object_report
 from layerwatch.engine.scan import APPEARS, ScanReport, ScanRow, scan_dump
 
 
@@ -64,17 +63,9 @@ CSV_COLUMNS = (
 )
 
 
-def report_text(report: ScanReport, kind: str) -> str:
-    """The report as ``csv``, ``json`` or ``jsonl`` (rows, then one summary line)."""
-    obj = report.to_json()
-    if kind == "json":
-        return json.dumps(obj, indent=1) + "\n"
-    if kind == "jsonl":
-        lines = [json.dumps(row) for row in obj["rows"]]
-        lines.append(json.dumps({"summary": obj["summary"], "first_failure": obj["first_failure"]}))
-        return "\n".join(lines) + "\n"
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
+def write_csv(report: ScanReport, out: TextIO) -> None:
+    """The anomalous tensors as CSV rows (``CSV_COLUMNS``)."""
+    writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for r in report.rows:
         s = r.stats
@@ -100,7 +91,6 @@ def report_text(report: ScanReport, kind: str) -> str:
                 r.reason(),
             ]
         )
-    return buf.getvalue()
 
 
 def bounds_from(args: argparse.Namespace) -> anomaly.Bounds:
@@ -117,10 +107,7 @@ def bounds_from(args: argparse.Namespace) -> anomaly.Bounds:
 
 def write_report(report: ScanReport, path: str) -> None:
     """The report in the format ``path``'s suffix names, replaced atomically."""
-    try:
-        write_text(path, report_text(report, report_format(path)))
-    except OSError as exc:
-        raise LayerwatchError(f"cannot write {path}: {exc.strerror or exc}") from None
+    write_object_report(path, report.to_json(), lambda out: write_csv(report, out))
 
 
 def scan_main(args: argparse.Namespace) -> int:

@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from layerwatch.capture.atomic import write_text
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, report_format
+from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, write_object_report
 from layerwatch.engine.readers.checkpoints import WeightEntry, WeightSet, open_weights
 
 PREFIXES = ("_orig_mod.", "module.", "model.", "root.")
@@ -409,29 +406,11 @@ def summary_lines(report: WeightReport) -> list[str]:
     return lines
 
 
-def _report_text(report: WeightReport, kind: str) -> str:
-    if kind == "csv":
-        buf = io.StringIO()
-        write_csv(report, buf)
-        return buf.getvalue()
-    obj = report.to_json()
-    if kind == "json":
-        return json.dumps(obj, indent=1) + "\n"
-    lines = [json.dumps(row) for row in obj["rows"]]
-    lines.append(json.dumps({"summary": obj["summary"], "first_failure": obj["first_failure"]}))
-    return "\n".join(lines) + "\n"
-
-
 def weights_main(args: argparse.Namespace) -> int:
     check_report_path(args.output)
     report = compare_weights(args.golden, args.target)
     if args.output:
-        try:
-            write_text(Path(args.output), _report_text(report, report_format(args.output)))
-        except OSError as exc:
-            raise LayerwatchError(
-                f"{args.output}: cannot write the report: {exc.strerror}"
-            ) from None
+        write_object_report(args.output, report.to_json(), lambda out: write_csv(report, out))
     if args.json:
         sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
     else:
