@@ -97,6 +97,7 @@ class Finding:
             "verdict": self.verdict.value,
             "failed_metrics": list(self.failed_metrics),
             "metrics": dict(self.metrics),
+            "reason": self.reason,
         }
 
 
