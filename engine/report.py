@@ -5,7 +5,9 @@ them, ``torch.float32``; shapes as ``[1, 16, 256]``), then ours: ``verdict, fail
 reason, node_type, exec_order``. Rows in report order (token, then execution order); a metric
 that does not apply, or a statistic the dump did not record, is an empty cell. Unlike msit,
 pairs that could not be compared (shape mismatch, unreadable) and unpaired tensors stay in the
-report, with the reason.
+report, with the reason. The CSV holds pairs only, no run-level line (a reader of msit's CSV
+takes every line as a pair): the divergence record is in the JSON / JSON lines and in the
+printed summary; in the CSV the pairs it left unjudged read ``diverged``.
 
 JSON (``layerwatch compare --json``, ``-o report.json``; keep these names stable)::
 

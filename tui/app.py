@@ -105,6 +105,8 @@ class LayerwatchApp(App[int]):
         moved = model.set_first_bad(
             (first.token, first.block) if first and first.block >= 0 else None
         )
+        parted = self.state.divergence
+        moved += model.set_parting(parted.token if parted is not None else None)
         if self.main_screen is not None and self.main_screen.is_mounted:
             self.main_screen.apply_tick(tick, changed, moved)
         for note in tick.notes[:MAX_NOTES_PER_TICK]:

@@ -243,6 +243,7 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
             cursor,
             self.model.version,
             self.model.first_bad,
+            self.model.parting,
             self.has_focus,
             self._label_width,
         )
@@ -278,13 +279,18 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
     def _row(self, row: int, first: int, count: int, width: int, cursor: int) -> Strip:
         model = self.model
         bad = model.first_bad
+        parts = model.parting == row
         mark = "!" if bad is not None and bad[0] == row else " "
         if cursor >= 0:
             label_style = self._chrome["layer-grid--cursor-label"]
+        elif parts:  # the parting colour, "!" kept when the flip is also the first failure
+            label_style = self._cell_styles[palette.PARTING_CODE]
         else:
             label_style = self._chrome[
                 "layer-grid--bad-label" if mark == "!" else "layer-grid--label"
             ]
+        if parts and mark == " ":
+            mark = palette.GLYPH_PARTING
         segments = [Segment(f"{row:>{self._label_width - 2}}{mark} ", label_style)]
         codes = model.codes[row, model.visible[first : first + count]].tolist()
         table = self._cell_segments

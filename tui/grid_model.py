@@ -66,6 +66,8 @@ class GridModel:
         """Rows in use: the largest token seen + 1."""
         self.first_bad: tuple[int, int] | None = None
         """(token, block) of the first failure, as the engine last reported it."""
+        self.parting: int | None = None
+        """The step whose logits chose another token (the engine's divergence record)."""
         self.filter_text = ""
         self.visible = np.zeros(0, dtype=np.int64)
         """Block indices shown as columns, in order (all of them unless filtered)."""
@@ -161,6 +163,17 @@ class GridModel:
             return []
         self.first_bad = cell
         rows = [c[0] for c in (old, cell) if c is not None and c[0] < self.state.shape[0]]
+        for row in rows:
+            self.row_version[row] += 1
+        return rows
+
+    def set_parting(self, token: int | None) -> list[int]:
+        """Move the mark of the step where the outputs part; returns the rows to repaint."""
+        old = self.parting
+        if token == old:
+            return []
+        self.parting = token
+        rows = [t for t in (old, token) if t is not None and t < self.state.shape[0]]
         for row in rows:
             self.row_version[row] += 1
         return rows

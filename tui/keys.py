@@ -73,6 +73,13 @@ ACTIONS: tuple[Action, ...] = (
     Action("next_failure", "n", "next", "Next failing cell", "main"),
     Action("previous_failure", "N", "prev", "Previous failing cell", "main", False, "N"),
     Action(
+        "parting",
+        "d",
+        "parts",
+        "Jump to the step where the outputs part (the logits that chose another token)",
+        "main",
+    ),
+    Action(
         "cycle_metric",
         "m",
         "metric",

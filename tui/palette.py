@@ -27,6 +27,8 @@ Q_EXACT = 100
 """The two sides agree exactly (error 0)."""
 Q_UNKNOWN = 101
 """No value for this metric in this cell."""
+Q_PARTING = 102
+"""Not a cell value: the code of the mark on the step where the generated tokens part."""
 N_CODES = CODES_PER_STATE * (max(CellState) + 1)
 
 
@@ -67,6 +69,8 @@ def codes_for(states: np.ndarray, q: np.ndarray) -> np.ndarray:
 # --- texts ---------------------------------------------------------------------------------
 GLYPH_FIRST_BAD = "!"
 GLYPH_DIVERGED = "≠"
+GLYPH_PARTING = "»"
+"""Row mark of the step whose logits chose a different token (engine/seam.py Divergence)."""
 
 
 def _digits(q: int) -> str:
@@ -86,11 +90,17 @@ def _text(state: int, q: int) -> str:
         return " NaN "
     if state == CellState.ERROR:
         return " ERR "
+    if state == CellState.DIVERGED and q == Q_PARTING:
+        return f"  {GLYPH_PARTING}  "
     if state == CellState.DIVERGED:
         # Inputs differ from an earlier token on: the metrics compare unrelated tensors.
         return f"  {GLYPH_DIVERGED}  "
     return _digits(q)
 
+
+PARTING_CODE = CellState.DIVERGED * CODES_PER_STATE + Q_PARTING
+"""Text and style of the parting mark (no cell ever gets this code: ``quantise`` stops at
+:data:`Q_UNKNOWN`)."""
 
 CELL_TEXTS: list[str] = [
     _text(code // CODES_PER_STATE, code % CODES_PER_STATE) for code in range(N_CODES)
@@ -108,6 +118,8 @@ class Scheme:
     fail_bright: str
     fail_dark: str
     diverged: str
+    """Grey: those cells were not compared (the target was fed other tokens)."""
+    parting: str
     nonfinite: str
     error: str
     muted: str
@@ -119,7 +131,8 @@ RGB = Scheme(
     passing=("#f4511e", "#ffb300", "#c0ca33", "#00897b", "#43a047", "#1b5e20", "#0d3b1e"),
     fail_bright="#ff1744",
     fail_dark="#b71c1c",
-    diverged="#4a5a78",
+    diverged="#3a3a3a",
+    parting="#29b6f6",
     nonfinite="#8e24aa",
     error="#d500f9",
     muted="#7a7a7a",
@@ -131,7 +144,8 @@ ANSI16 = Scheme(
     passing=("#aa5500", "#aa5500", "#ffff55", "#00aaaa", "#55ff55", "#00aa00", "#00aa00"),
     fail_bright="#ff5555",
     fail_dark="#aa0000",
-    diverged="#0000aa",
+    diverged="#555555",
+    parting="#55ffff",
     nonfinite="#aa00aa",
     error="#ff55ff",
     muted="#555555",
@@ -158,6 +172,8 @@ def _style(scheme: Scheme, state: int, q: int) -> Style:
         return _on(scheme, scheme.nonfinite, bold=True)
     if state == CellState.ERROR:
         return _on(scheme, scheme.error, bold=True)
+    if state == CellState.DIVERGED and q == Q_PARTING:
+        return _on(scheme, scheme.parting, bold=True)
     if state == CellState.DIVERGED:
         return _on(scheme, scheme.diverged)
     if state == CellState.FAIL:
@@ -191,7 +207,8 @@ def legend_entries(metric: str) -> list[tuple[str, str, int]]:
     ]
     entries += [
         ("fail", "fail", CellState.FAIL * CODES_PER_STATE + 30),
-        ("≠", "diverged", CellState.DIVERGED * CODES_PER_STATE + Q_UNKNOWN),
+        ("»", "parts", PARTING_CODE),
+        ("≠", "not compared", CellState.DIVERGED * CODES_PER_STATE + Q_UNKNOWN),
         ("NaN", "NaN/Inf", CellState.NONFINITE * CODES_PER_STATE),
         ("ERR", "ERR", CellState.ERROR * CODES_PER_STATE),
         ("…", "one side", CellState.WAITING * CODES_PER_STATE),

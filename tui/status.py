@@ -106,7 +106,7 @@ class StatusBar(TextLines):
             text.append(" waiting for tensors from both sides…", style="dim")
         if state.divergence is not None:
             text.append("\n")
-            text.append(" ≠ outputs part ", style="bold reverse blue")
+            text.append(f" {palette.GLYPH_PARTING} outputs part ", style="bold reverse blue")
             text.append(" " + wording.divergence_words(state.divergence, s.pairs), style="blue")
         return text
 

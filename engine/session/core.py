@@ -225,10 +225,19 @@ class CompareSession(SessionState):
                 return None
             golden, target = self._token_ids["golden"][at], self._token_ids["target"][at]
             step = at - 1
+            # A tensor whose last axis cannot hold the ids fed is no vocabulary row: the last
+            # leaf of a dump without the lm_head (a norm output) must not lend its margin.
+            top_id = max(
+                (max(ids) for ids in self._token_ids["golden"].values() if ids), default=-1
+            )
             logits = [
                 p.raw
                 for p in self._pairs.values()
-                if p.logits and p.gkey.token == step and p.raw is not None and p.raw.metrics
+                if p.logits
+                and p.gkey.token == step
+                and p.raw is not None
+                and p.raw.metrics
+                and (p.raw.golden is None or p.raw.golden.shape[-1:] > (top_id,))
             ]
             margin: float | None = None
             near_tie: bool | None = None

@@ -21,6 +21,7 @@ from layerwatch.engine.seam import (
     BlockInfo,
     CellState,
     CellUpdate,
+    Divergence,
     Finding,
     MetricCheck,
     PairDetail,
@@ -68,6 +69,9 @@ class Scenario:
     fault_op: str = "self_attn.o_proj"
     fault_cos: float = 0.912
     diverge_from: int | None = 6
+    """First token fed other input ids: step ``diverge_from - 1`` chose another token."""
+    parting_margin: float = 0.047
+    """Golden top-2 margin at the parting step (a near tie for bf16)."""
     nonfinite: tuple[int, int] | None = None
     """(token, block) where the target has NaN."""
     error: tuple[int, int] | None = None
@@ -202,9 +206,25 @@ class SyntheticSource:
                 first_failure=first,
                 root_cause=first,
                 first_bad_token=first.token if first else None,
+                divergence=self._divergence(landed, stop),
                 runs=self._runs("exited" if done else "running", tokens=stop),
                 done=done,
             )
+        )
+
+    def _divergence(self, landed: list[PairResult], stop: int) -> Divergence | None:
+        """As the session records it: once the first diverged token landed, stable after."""
+        at = self.scenario.diverge_from
+        if at is None or stop <= at:
+            return None
+        return Divergence(
+            token=at - 1,
+            golden_id=501,
+            target_id=515,
+            golden_margin=self.scenario.parting_margin,
+            near_tie=True,
+            not_compared_tokens=tuple(range(at, stop)),
+            not_compared_pairs=sum(p.verdict is Verdict.DIVERGED for p in landed),
         )
 
     def _runs(self, state: str, tokens: int = 0) -> dict[str, RunStatus]:

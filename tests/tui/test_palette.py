@@ -80,7 +80,8 @@ def test_legend_names_every_state() -> None:
     meanings = [m for _, m, _ in palette.legend_entries(COSINE)]
     for word in (
         "fail",
-        "diverged",
+        "not compared",
+        "parts",
         "NaN/Inf",
         "ERR",
         "one side",

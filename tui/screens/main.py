@@ -150,6 +150,13 @@ class MainScreen(Screen[None]):
             return
         self._jump(first.token, first.block)
 
+    def action_parting(self) -> None:
+        parted = self.app.state.divergence
+        if parted is None:
+            self.notify("The outputs have not parted.", timeout=3)
+            return
+        self._jump(parted.token, self.app.model.n_blocks - 1)  # the logits: the last block
+
     def _step_failure(self, step: int) -> None:
         grid = self.grid
         found = self.app.model.next_failure(grid.cursor_row, grid.cursor_col, step)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from layerwatch.engine import wording
 from layerwatch.engine.records import PairResult, Verdict
-from layerwatch.engine.seam import BlockInfo, PairDetail, SideSummary
+from layerwatch.engine.seam import BlockInfo, Divergence, PairDetail, SideSummary
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -155,8 +155,29 @@ def worst_table(detail: PairDetail) -> RenderableType:
     return table
 
 
-def render_detail(detail: PairDetail, block: BlockInfo | None, width: int = 80) -> RenderableType:
-    """The whole view; two columns of sections when the terminal is wide enough."""
+def parting_text(parted: Divergence, dtype: str) -> Text:
+    """Both chosen ids, the golden margin and whether rounding in ``dtype`` explains the flip."""
+    text = Text()
+    text.append(f"golden chose {parted.golden_id} · target chose {parted.target_id}\n")
+    if parted.golden_margin is None:
+        text.append("golden margin: – (logits not captured)", style="dim")
+        return text
+    text.append(f"golden margin (top-1 − top-2): {wording.number(parted.golden_margin)}\n")
+    if parted.near_tie:
+        text.append(f"a near tie for {dtype}: rounding can flip it", style="bold yellow")
+    else:
+        text.append("a confident choice: above the margin bound, a finding", style="bold red")
+    return text
+
+
+def render_detail(
+    detail: PairDetail,
+    block: BlockInfo | None,
+    width: int = 80,
+    parted: Divergence | None = None,
+) -> RenderableType:
+    """The whole view; two columns of sections when the terminal is wide enough. ``parted``
+    adds the divergence to the logits of the step where the generated tokens part."""
     result = detail.result
     bad = result.verdict in (Verdict.FAIL, Verdict.ERROR)
     head = Text()
@@ -181,7 +202,11 @@ def render_detail(detail: PairDetail, block: BlockInfo | None, width: int = 80) 
     def section(title: str) -> Text:
         return Text(f"\n{title}", style="bold underline")
 
-    left = [
+    left: list[RenderableType] = []
+    if parted is not None and result.is_logits and result.key.token == parted.token:
+        dtype = result.target.dtype if result.target else "the target"
+        left += [section("where the outputs part"), parting_text(parted, dtype)]
+    left += [
         section("golden vs target"),
         sides_table(detail.golden, detail.target),
         section("metrics against thresholds"),
@@ -249,12 +274,14 @@ class OperatorScreen(Screen[None]):
             )
             return
         self.detail = message.detail
-        static.update(render_detail(message.detail, self.block, self.size.width))
+        static.update(
+            render_detail(message.detail, self.block, self.size.width, self.app.state.divergence)
+        )
 
     def on_resize(self) -> None:
         if self.detail is not None:
             self.query_one("#detail", Static).update(
-                render_detail(self.detail, self.block, self.size.width)
+                render_detail(self.detail, self.block, self.size.width, self.app.state.divergence)
             )
 
     def action_scroll_down(self) -> None:
