@@ -61,6 +61,18 @@ def has_cases(*updates: ReaderUpdate) -> bool:
     return any(sum(1 for kind, _, _ in u.case_marks if kind == CASE) > 1 for u in updates)
 
 
+def dumps_have_cases(golden: str, target: str) -> bool:
+    """Whether either finished dump marks cases: ``open`` then reports case by case, as compare."""
+    from layerwatch.engine.readers import open_dump
+
+    return has_cases(
+        *(
+            open_dump(path, side=side).poll(None, final=True)
+            for path, side in ((golden, "golden"), (target, "target"))
+        )
+    )
+
+
 def slice_update(update: ReaderUpdate, span: CaseSpan) -> ReaderUpdate:
     """The part of ``update`` inside ``span``, tokens renumbered from 0."""
 

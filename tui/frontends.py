@@ -98,6 +98,13 @@ def open_main(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             raise LayerwatchError(f"{side} dump {path}: no such file or directory")
         resolve(path)  # several msit runs in one directory: refused, as compare does
+    if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        from layerwatch.engine.cases import dumps_have_cases
+
+        if dumps_have_cases(args.golden, args.target):  # per-case dumps: compare's summary and exit
+            from layerwatch.engine.runner import compare_main
+
+            return compare_main(args)
     pipeline = LivePipeline(
         attach_spec(args.golden, idle_s=0, watch=False), attach_spec(args.target, idle_s=0, watch=False),
         session=_session(args),

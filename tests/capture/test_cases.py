@@ -173,3 +173,14 @@ def test_dump_cases_from_the_command_line(tmp_path):
     )
     assert proc.returncode == 2 and "no case list" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0
+
+
+def test_headless_open_of_per_case_dumps_prints_compares_summary_and_exit(tmp_path):
+    _demo_cases(tmp_path / "g", None, ["a", "b"])
+    _demo_cases(tmp_path / "t", "rotary_swap", ["a", "b"])
+    g, t = str(tmp_path / "g"), str(tmp_path / "t")
+    compared = layerwatch("compare", g, t)
+    opened = layerwatch("open", g, t, "--headless")
+    assert opened.returncode == compared.returncode == 1
+    assert opened.stdout == compared.stdout
+    assert "case b: fail" in opened.stdout and "case a: pass" in opened.stdout
