@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-from layerwatch.capture.atomic import replacing
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics import precheck as ref
+from layerwatch.engine.outcome import check_report_path, write_object_report
 from layerwatch.engine.readers import open_dump
 from layerwatch.engine.readers.load import load_array
 from layerwatch.engine.records import (
@@ -486,8 +486,7 @@ def summary_line(report: PrecheckReport) -> str:
 def precheck_main(args: Any) -> int:
     """The ``layerwatch precheck`` command."""
     output = getattr(args, "output", None)
-    if output and Path(output).suffix.lower() not in (".csv", ".json"):
-        raise LayerwatchError(f"cannot write {output}: a precheck report ends in .csv or .json")
+    check_report_path(output)
     tokens = None
     if getattr(args, "tokens", None):
         from layerwatch.capture.tokens import TokenSelection
@@ -501,14 +500,7 @@ def precheck_main(args: Any) -> int:
             f"nothing could be checked: {why}" + (f" (unsupported: {kinds})" if kinds else "")
         )
     if output:
-        try:
-            with replacing(output) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
-                if output.lower().endswith(".csv"):
-                    write_csv(report.rows, fh)
-                else:
-                    json.dump(report.to_json(), fh, indent=1)
-        except OSError as exc:
-            raise LayerwatchError(f"cannot write {output}: {exc.strerror or exc}") from None
+        write_object_report(output, report.to_json(), lambda out: write_csv(report.rows, out))
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(report.to_json()) + "\n")
     else:

@@ -117,19 +117,23 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = True) -> None:
-    """Headless report options of run/watch/open (as ``compare``), and the attach idle rule."""
+def add_report_options(parser: argparse.ArgumentParser, csv: str = "", when: str = "") -> None:
+    """``-o FILE`` (the format its suffix names: engine/outcome.py) and ``--json``, as every
+    headless command takes them; ``csv`` says what the CSV holds, ``when`` qualifies both."""
     parser.add_argument(
         "-o",
         "--output",
         metavar="FILE",
-        help="with --headless: write the report (.csv, .json or .jsonl)",
+        help=f"{when}write the report: .csv{f' ({csv})' if csv else ''}, .json or .jsonl",
     )
     parser.add_argument(
-        "--json",
-        action="store_true",
-        help="with --headless: print one JSON object to stdout, as compare --json",
+        "--json", action="store_true", help=f"{when}print one JSON object to stdout"
     )
+
+
+def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = True) -> None:
+    """Headless report options of run/watch/open (as ``compare``), and the attach idle rule."""
+    add_report_options(parser, when="with --headless: ")
     if idle:
         parser.add_argument(
             "--idle",
@@ -268,13 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure"
     )
     add_dump_pair(compare)
-    compare.add_argument(
-        "-o",
-        "--output",
-        metavar="FILE",
-        help="write the report: .csv (msit columns + verdicts), .json or .jsonl",
-    )
-    compare.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    add_report_options(compare, "msit columns + verdicts")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
     add_compare_options(compare)
 
@@ -283,8 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute each operator of one dump in float64 from its own inputs and weights",
     )
     precheck.add_argument("dump", metavar="DUMP", help="a dump captured with --weights")
-    precheck.add_argument("-o", "--output", metavar="FILE", help="write the report (.csv or .json)")
-    precheck.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    add_report_options(precheck)
     precheck.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
 
     badcase = sub.add_parser(
@@ -293,23 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     badcase.add_argument("golden", metavar="GOLDEN_EVAL", help="golden results: .csv/.jsonl/.json")
     badcase.add_argument("target", metavar="TARGET_EVAL", help="target results, same dataset")
-    badcase.add_argument(
-        "-o",
-        "--output",
-        metavar="FILE",
-        help="write the report (.csv msit columns, .json or .jsonl)",
-    )
-    badcase.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    add_report_options(badcase, "msit bcanalyze columns")
 
     scan = sub.add_parser(
         "scan",
         help="anomalies of one dump, no golden (NaN, Inf, saturation, all-zero, jump): exit 1 when some",
     )
     scan.add_argument("dump", metavar="DUMP", help="a dump directory (any readable format)")
-    scan.add_argument(
-        "-o", "--output", metavar="FILE", help="write the report (.csv, .json or .jsonl)"
-    )
-    scan.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    add_report_options(scan)
     add_scan_bounds(scan)
 
     weights = sub.add_parser(
@@ -321,13 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         "golden", metavar="GOLDEN", help="checkpoint folder, state-dict file, dump"
     )
     weights.add_argument("target", metavar="TARGET", help="the converted or quantised checkpoint")
-    weights.add_argument(
-        "-o",
-        "--output",
-        metavar="FILE",
-        help="write the report (.csv msit -w columns, .json, .jsonl)",
-    )
-    weights.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    add_report_options(weights, "msit -w columns")
     return parser
 
 

@@ -153,6 +153,25 @@ class Thresholds:
             return None
         return table.get(op_kind(node_type))
 
+    def _limits_of(
+        self,
+        metrics: dict[str, float],
+        node: str,
+        golden_dtype: str,
+        target_dtype: str,
+        is_logits: bool,
+        stem: str,
+    ) -> tuple[str, dict[str, float], dict[str, str]]:
+        """:meth:`limits_for` of a pair's metrics: statistics-only pairs use their own section."""
+        return self.limits_for(
+            node=node,
+            golden_dtype=golden_dtype,
+            target_dtype=target_dtype,
+            is_logits=is_logits,
+            stem=stem,
+            statistics=any(name in metrics for name in STAT_METRICS),
+        )
+
     def checks(
         self,
         metrics: dict[str, float],
@@ -164,15 +183,7 @@ class Thresholds:
         stem: str = "",
     ) -> list[MetricCheck]:
         """Every metric in ``metrics`` against its limit (``limit=None``: informational)."""
-        statistics = any(name in metrics for name in STAT_METRICS)
-        _, limits, _ = self.limits_for(
-            node=node,
-            golden_dtype=golden_dtype,
-            target_dtype=target_dtype,
-            is_logits=is_logits,
-            stem=stem,
-            statistics=statistics,
-        )
+        _, limits, _ = self._limits_of(metrics, node, golden_dtype, target_dtype, is_logits, stem)
         out = []
         for name, value in metrics.items():
             limit = 1.0 if name == LOCAL else limits.get(name)
@@ -193,13 +204,8 @@ class Thresholds:
     ) -> tuple[Verdict, tuple[str, ...], str]:
         """(verdict, failed metric names, one readable line saying why)."""
         statistics = any(name in metrics for name in STAT_METRICS)
-        klass, limits, origin = self.limits_for(
-            node=node,
-            golden_dtype=golden_dtype,
-            target_dtype=target_dtype,
-            is_logits=is_logits,
-            stem=stem,
-            statistics=statistics,
+        klass, limits, origin = self._limits_of(
+            metrics, node, golden_dtype, target_dtype, is_logits, stem
         )
         failed = [
             name

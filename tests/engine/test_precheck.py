@@ -91,6 +91,10 @@ def test_cli_json_shape_exit_codes_and_csv(tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0].startswith("token,node,type,tensor,verdict,precheck_ratio")
     assert len(lines) == 1 + len(obj["rows"])
+    jsonl = tmp_path / "report.jsonl"  # the -o rule every command shares (engine/outcome.py)
+    assert _cli("precheck", str(dump), "-o", str(jsonl)).returncode == 1
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert len(lines) == 1 + len(obj["rows"]) and lines[-1]["summary"] == obj["summary"]
     clean = hf_zoo.capture("llama", tmp_path / "ok", dtype="bf16", dump_weight=True)
     done = _cli("precheck", str(clean), "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["first_failure"] is None
