@@ -310,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     weights.add_argument("target", metavar="TARGET", help="the converted or quantised checkpoint")
     add_report_options(weights, "msit -w columns")
+    weights.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="thresholds TOML whose [weights.<kind>] tables override the defaults",
+    )
     return parser
 
 
