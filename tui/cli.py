@@ -265,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     open_.add_argument(
         "--headless", action="store_true", help="print the results instead of opening the TUI"
     )
+    open_.add_argument(
+        "--fake-quant",
+        metavar="FQ_DUMP",
+        help="a quantised model's fake-quant run: the grid shows the kernel part (FQ vs TARGET)",
+    )
     add_compare_options(open_)
     add_live_report_options(open_, idle=False)
 
@@ -274,6 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_dump_pair(compare)
     add_report_options(compare, "msit columns + verdicts")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
+    compare.add_argument(
+        "--fake-quant",
+        metavar="FQ_DUMP",
+        help="a quantised model's fake-quant run (dequantised weights, float kernels): each row"
+        " splits into quantisation (GOLDEN vs FQ) and kernel (FQ vs TARGET) error, the verdict"
+        " is the kernel part's",
+    )
     add_compare_options(compare)
 
     precheck = sub.add_parser(

@@ -98,6 +98,14 @@ def open_main(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             raise LayerwatchError(f"{side} dump {path}: no such file or directory")
         resolve(path)  # several msit runs in one directory: refused, as compare does
+    if getattr(args, "fake_quant", None):  # three dumps: engine/quantcmp.py
+        if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
+            from layerwatch.engine.runner import compare_main
+
+            return compare_main(args)
+        from layerwatch.engine.quantcmp import kernel_args
+
+        args = kernel_args(args)  # the grid shows (and colours by) the kernel part
     if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
         from layerwatch.engine.cases import dumps_have_cases
 
