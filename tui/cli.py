@@ -292,9 +292,19 @@ def build_parser() -> argparse.ArgumentParser:
         "precheck",
         help="recompute each operator of one dump in float64 from its own inputs and weights",
     )
-    precheck.add_argument("dump", metavar="DUMP", help="a dump captured with --weights")
+    precheck.add_argument("dump", metavar="DUMP", nargs="?", help="a dump captured with --weights")
     add_report_options(precheck)
     precheck.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
+    precheck.add_argument(
+        "--replay",
+        action="store_true",
+        help="no dump: run `-- COMMAND`, record each operator's input statistics, replay each"
+        " distinct (operator, shape, dtype) on random inputs in its process at exit",
+    )
+    precheck.add_argument(
+        "--out", metavar="DIR", help="with --replay: keep the run's log and results here"
+    )
+    precheck.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     badcase = sub.add_parser(
         "badcase",
@@ -364,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _HANDLERS[args.command]
     if args.command == "dump" and (args.scan or args.exit_on_anomaly or args.scan_output):
         handler = "layerwatch.engine.live.scan:dump_scan_main"
+    if args.command == "precheck" and args.replay:
+        handler = "layerwatch.engine.replay:replay_main"
     try:
         return _load(handler)(args)
     except LayerwatchError as exc:
