@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     precheck.add_argument(
         "--out", metavar="DIR", help="with --replay: keep the run's log and results here"
     )
-    precheck.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    precheck.add_argument("cmd", nargs="*", metavar="-- COMMAND ...")
 
     badcase = sub.add_parser(
         "badcase",
