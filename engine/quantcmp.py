@@ -72,6 +72,53 @@ def kernel_args(args: argparse.Namespace) -> argparse.Namespace:
     )
 
 
+class QuantisationLine:
+    """An ``operator_check`` for the kernel part's session (engine/session/core.py): the
+    operator view of a fake-quant-vs-target pair also says how the same tensor fared between
+    golden and fake-quant, then whatever check it wraps (the op's own precheck). The golden
+    and fake-quant dumps are indexed on first use (a drill-down runs in a worker thread)."""
+
+    def __init__(
+        self, golden: str, fake_quant: str, thresholds: Any, then: Callable[..., str] | None
+    ) -> None:
+        self.paths = (golden, fake_quant)
+        self.thresholds = thresholds
+        self.then = then
+        self._sides: tuple[dict[Any, Any], dict[Any, Any]] | None = None
+
+    def _records(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
+        if self._sides is None:
+            from layerwatch.engine.readers import open_dump
+
+            golden, fq = (
+                {_ident(r.key): r for r in open_dump(p, side=s).poll(None, final=True).tensors}
+                for p, s in zip(self.paths, ("golden", "target"), strict=True)
+            )
+            self._sides = (golden, fq)
+        return self._sides
+
+    def __call__(self, target: Any, records: Any, topology: Any, weights: Any) -> str:
+        from layerwatch.engine.numerics.compare import compare_pair
+        from layerwatch.engine.numerics.thresholds import Thresholds
+
+        golden, fq = self._records()
+        ident = _ident(target.key)
+        line = ""
+        if ident in golden and ident in fq:
+            thresholds = self.thresholds
+            if not isinstance(thresholds, Thresholds):
+                thresholds = Thresholds.load(thresholds)
+            r = compare_pair(golden[ident], fq[ident], thresholds)
+            m = r.metrics
+            line = (
+                f"quantisation part (golden vs fake-quant): {r.verdict.value}"
+                f" · cos {m.get('cosine_similarity', float('nan')):.6f}"
+                f" · RED {m.get('relative_euclidean_distance', float('nan')):.3g}"
+            )
+        rest = self.then(target, records, topology, weights) if self.then else ""
+        return " · ".join(part for part in (line, rest) if part)
+
+
 @dataclass(slots=True)
 class QuantRow:
     """One target tensor: its kernel part (fake-quant vs target) and quantisation part."""

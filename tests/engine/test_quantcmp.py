@@ -146,3 +146,31 @@ def test_open_shows_the_kernel_part(
     assert (turned.golden, turned.target) == (dumps["fq"], dumps["faulty"])
     packaged = turned.thresholds.local["fp32"]["linear"].red - QUANT_KERNEL_RED
     assert packaged == pytest.approx(1.34)
+
+
+def test_the_operator_view_of_the_kernel_part_shows_the_quantisation_part(
+    dumps: dict[str, str],
+) -> None:
+    """The session the TUI opens (fake-quant vs target) explains a pair with both parts."""
+    from layerwatch.engine.precheck import precheck_sentence
+    from layerwatch.engine.quantcmp import QuantisationLine, kernel_thresholds
+    from layerwatch.engine.readers import open_dump
+    from layerwatch.engine.session.core import CompareSession
+
+    session = CompareSession(thresholds=kernel_thresholds(None), jobs=1)
+    session.operator_check = QuantisationLine(dumps["golden"], dumps["fq"], None, precheck_sentence)
+    try:
+        for side, path in (("golden", dumps["fq"]), ("target", dumps["faulty"])):
+            session.add_update(side, open_dump(path, side=side).poll(None, final=True))
+            session.finish(side)
+        session.flush()
+        result = next(
+            r
+            for r in session.results()
+            if (r.key.token, r.key.node, r.key.stem) == (0, FAULT, "output")
+        )
+        sentence = session.explain(result).sentence
+    finally:
+        session.close()
+    assert result.verdict.value == "fail"
+    assert "quantisation part (golden vs fake-quant): fail" in sentence, sentence
