@@ -56,6 +56,7 @@ def _capture(path: Path, mode: str) -> None:
                     scale = scale.clone()
                     scale[:3] *= 1.04
                 module.forward = _real_quant(module, q, scale)  # type: ignore[method-assign]
+                module.weight = torch.nn.Parameter(q.to(torch.int8), requires_grad=False)
     with register_hook(model, DumpConfig(dump_path=str(path))), torch.no_grad():
         for ids in PROMPTS:
             model(torch.tensor(ids))
@@ -107,6 +108,7 @@ def test_a_wrong_runtime_scale_is_found_at_its_linear(
         r for r in obj["rows"] if (r["token"], r["node"], r["tensor"]) == (0, FAULT, "output")
     )
     assert row["cause"] == "kernel" and row["kernel"]["verdict"] == "fail"
+    assert "weights differ" not in obj["root_cause"]["reason"]  # int8 weights: expected
     assert row["quantisation"] is not None
     out = tmp_path / "q.csv"
     assert main(["compare", *args, "-o", str(out), "--jobs", "1"]) == 1
