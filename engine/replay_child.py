@@ -143,7 +143,9 @@ class ReplayRecorder:
         self._lock = threading.Lock()
         self._replaying = False
         self._pre = torch_module.register_module_forward_pre_hook(self._on_pre)
-        self._post = torch_module.register_module_forward_hook(self._on_post, always_call=True)
+        self._post = torch_module.register_module_forward_hook(
+            self._on_post, with_kwargs=True, always_call=True
+        )
         atexit.register(self.finish)
 
     # -- recording ------------------------------------------------------------------------
@@ -158,12 +160,18 @@ class ReplayRecorder:
         if module is self._root:
             self.token += 1
 
-    def _on_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def _on_post(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
         self._local.depth = max(0, self._local.depth - 1)
-        if self._replaying or not args or not isinstance(args[0], torch.Tensor):
+        if self._replaying:
+            return
+        # the operator's first input: positional, or its first keyword (``norm(hidden_states=x)``)
+        x = args[0] if args else next(iter(kwargs.values()), None) if kwargs else None
+        if not isinstance(x, torch.Tensor):
             return
         try:
-            self._record(module, args[0])
+            self._record(module, x)
         except Exception as exc:  # never break the user's program
             self._replaying = True
             print(

@@ -21,7 +21,7 @@ PRECHECK_KEYS = {"summary", "first_failure", "rows", "notes"}
 def _replay(tmp_path: Path, mode: str, tokens: int = 6) -> tuple[int, dict, Path]:
     out = tmp_path / f"replay_{mode}"
     res = layerwatch(
-        "precheck", "--replay", "--json", "--out", str(out),
+        "precheck", "--replay", "--json", "--out", str(out), "-o", str(tmp_path / "r.csv"),
         "--", "python", str(PROGRAM), mode, str(tokens), timeout=240,
     )  # fmt: skip
     assert "Traceback" not in res.stderr, res.stderr
@@ -62,6 +62,9 @@ def test_a_wrong_kernel_is_named(tmp_path: Path, mode: str, node: str, op: str) 
     first = obj["first_failure"]
     assert (first["token"], first["node"]) == (0, node), first
     failed = {(r["node"], r["type"]) for r in obj["rows"] if r["verdict"] == "fail"}
+    csv_lines = (tmp_path / "r.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("token,node,type,tensor,verdict,precheck_ratio")
+    assert len(csv_lines) == 1 + len(obj["rows"]) and node in "".join(csv_lines)
     assert {t for _, t in failed} == {op}, failed
     if mode == "noisy":  # the healthy down_proj of layer 0 replays on its own and passes
         assert failed == {(node, op)}
@@ -76,6 +79,7 @@ def test_a_wrong_kernel_is_named(tmp_path: Path, mode: str, node: str, op: str) 
         (["precheck", "--replay", "--", "no-such-command-xyz"], "command not found"),
         (["precheck", "--replay", "--", "python", "-c", "print(1)"], "nothing replayed"),
         (["precheck"], "no dump given"),
+        (["precheck", "some_dump", "extra"], "a command needs --replay"),
     ],
 )
 def test_bad_replay_input_is_one_line(args: list[str], message: str) -> None:
