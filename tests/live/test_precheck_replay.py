@@ -49,6 +49,22 @@ def test_benign_bf16_run_passes_on_a_hundredth_of_a_dump(tmp_path: Path) -> None
     assert replay["bytes"] <= 0.01 * full, (replay["bytes"], full)
 
 
+@pytest.mark.parametrize("arch, dtype", [("gpt2", "fp16"), ("gemma", "bf16")])
+def test_benign_runs_of_other_architectures_pass(arch: str, dtype: str) -> None:
+    """GPT-2 (Conv1D, LayerNorm, NewGELU, Dropout) and Gemma ((1+w) RMSNorm, scaled embedding,
+    tanh GELU): every replayed operator within its bound, with room to spare."""
+    res = layerwatch(
+        "precheck", "--replay", "--json",
+        "--", "python", str(PROGRAM), "benign", "4", arch, dtype, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr
+    obj = json.loads(res.stdout)
+    assert obj["summary"]["checked"] >= 12 and {r["dtype"] for r in obj["rows"]} >= {
+        {"fp16": "float16", "bf16": "bfloat16"}[dtype]
+    }
+    assert max(r["metrics"]["precheck_ratio"] or 0 for r in obj["rows"]) < 0.7
+
+
 @pytest.mark.parametrize(
     "mode, node, op",
     [

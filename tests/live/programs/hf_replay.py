@@ -1,7 +1,8 @@
 """A plain bf16 inference script for ``precheck --replay``: a tiny transformers Llama (the zoo's),
 greedy generation with a KV cache.
 
-``python hf_replay.py benign|eps|noisy [TOKENS]``: ``eps`` swaps LlamaRMSNorm's forward for one
+``python hf_replay.py benign|eps|noisy [TOKENS [ARCH [DTYPE]]]`` (default 8 llama bf16; the
+faults are Llama's): ``eps`` swaps LlamaRMSNorm's forward for one
 that uses eps 1e-2 whatever the module says (a wrong kernel of every norm); ``noisy`` makes
 layer 1's ``down_proj`` add 2 % noise to its output (one wrong Linear instance).
 """
@@ -18,8 +19,10 @@ from support import hf_zoo
 
 mode = sys.argv[1]
 tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+arch = sys.argv[3] if len(sys.argv) > 3 else "llama"
+dtype = hf_zoo.DTYPES[sys.argv[4] if len(sys.argv) > 4 else "bf16"]
 torch.set_num_threads(1)
-model = hf_zoo.build("llama").to(torch.bfloat16)
+model = hf_zoo.build(arch).to(dtype)
 if mode == "eps":
     from transformers.models.llama import modeling_llama
 
@@ -40,7 +43,7 @@ elif mode == "noisy":
         return y + 0.02 * y.float().std().to(y.dtype) * noise
 
     down.forward = noisy
-ids = hf_zoo.prompt_ids("llama")
+ids = hf_zoo.prompt_ids(arch)
 with torch.no_grad():
     out = model.generate(ids, max_new_tokens=tokens, do_sample=False, min_new_tokens=tokens)
 print("generated", out.shape[1] - ids.shape[1], flush=True)
