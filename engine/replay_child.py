@@ -74,28 +74,59 @@ class OpStats:
     squares: float = 0.0
     nonfinite: int = 0
 
+    acc: torch.Tensor | None = None
+    """[min, max, Σx, Σx², finite count, non-finite count] on the input's device, float64:
+    merged without a host sync per call (a GPU run is not stalled), read once at the end."""
+
     def add(self, x: torch.Tensor) -> None:
-        """Merge one call's input (float64 sums over the finite values)."""
+        """Merge one call's input (over its finite values)."""
         self.calls += 1
         flat = x.detach().reshape(-1)
+        if flat.numel() == 0:
+            return
         if flat.is_floating_point():
-            flat = flat.double()
-            finite = torch.isfinite(flat)
-            if not bool(finite.all()):
-                self.nonfinite += int((~finite).sum())
-                flat = flat[finite]
-            if flat.numel() == 0:
-                return
+            f = flat.double()
+            finite = torch.isfinite(f)
+            inf = torch.tensor(math.inf, dtype=f.dtype, device=f.device)
+            zero = torch.zeros((), dtype=f.dtype, device=f.device)
+            kept = torch.where(finite, f, zero)
+            n = finite.sum().double()
             figures = torch.stack(
-                [flat.min(), flat.max(), flat.sum(), (flat * flat).sum()]
-            ).tolist()
+                [
+                    torch.where(finite, f, inf).min(),
+                    torch.where(finite, f, -inf).max(),
+                    kept.sum(),
+                    (kept * kept).sum(),
+                    n,
+                    flat.numel() - n,
+                ]
+            )
         else:
-            lo, hi = flat.min(), flat.max()
-            figures = [float(lo), float(hi), 0.0, 0.0]
-        self.count += flat.numel()
-        self.lo, self.hi = min(self.lo, figures[0]), max(self.hi, figures[1])
-        self.total += figures[2]
-        self.squares += figures[3]
+            zero = torch.zeros((), dtype=torch.float64, device=flat.device)
+            count = torch.tensor(float(flat.numel()), dtype=torch.float64, device=flat.device)
+            figures = torch.stack(
+                [flat.min().double(), flat.max().double(), zero, zero, count, zero]
+            )
+        if self.acc is None:
+            self.acc = figures
+        else:
+            acc = self.acc
+            self.acc = torch.cat(
+                [
+                    torch.minimum(acc[:1], figures[:1]),
+                    torch.maximum(acc[1:2], figures[1:2]),
+                    acc[2:] + figures[2:],
+                ]
+            )
+
+    def settle(self) -> None:
+        """Bring the accumulated figures to the host (once, before the replay)."""
+        if self.acc is None:
+            return
+        lo, hi, total, squares, count, nonfinite = self.acc.tolist()
+        self.lo, self.hi, self.total, self.squares = lo, hi, total, squares
+        self.count, self.nonfinite = int(count), int(nonfinite)
+        self.acc = None
 
     @property
     def mean(self) -> float:
@@ -286,6 +317,7 @@ def replay_one(op: OpStats, index: int) -> dict[str, Any]:
     """Call ``op``'s module on random inputs and judge the output against float64."""
     from layerwatch.engine.precheck import plan_for
 
+    op.settle()
     row: dict[str, Any] = {
         "node": op.node,
         "class": op.cls,
