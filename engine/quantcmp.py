@@ -170,6 +170,12 @@ def kernel_thresholds(path: str | None) -> Any:
     return thresholds
 
 
+def _golden(path: str) -> Any:
+    from layerwatch.engine.readers import open_dump
+
+    return open_dump(path, side="golden").poll(None, final=True)
+
+
 def _ident(key: TensorKey) -> tuple[int, str, str, int]:
     return (key.token, key.node, key.stem, key.rank)
 
@@ -264,13 +270,24 @@ def run_quant_compare(
     for side, path in (("golden", golden), ("fake-quant", fake_quant), ("target", target)):
         if not Path(path).exists():
             raise LayerwatchError(f"{side} dump {path}: no such file or directory")
+    from layerwatch.engine.cases import has_cases
+
+    updates = {
+        path: open_dump(path, side="target").poll(None, final=True)
+        for path in dict.fromkeys((golden, fake_quant, target))
+    }
+    if has_cases(*updates.values()):
+        raise LayerwatchError(
+            "--fake-quant compares one prompt: these dumps hold several cases (capture one with"
+            " `dump --cases`)"
+        )
     sessions = []
     parts = ((golden, fake_quant, thresholds), (fake_quant, target, kernel_thresholds(thresholds)))
     for left, right, limits in parts:
         session = make_session(limits)
         try:
             for side, path in (("golden", left), ("target", right)):
-                session.add_update(side, open_dump(path, side=side).poll(None, final=True))
+                session.add_update(side, updates[path] if side == "target" else _golden(path))
                 session.finish(side)
             session.flush()
         finally:

@@ -176,3 +176,19 @@ def test_the_operator_view_of_the_kernel_part_shows_the_quantisation_part(
         session.close()
     assert result.verdict.value == "fail"
     assert "quantisation part (golden vs fake-quant): fail" in sentence, sentence
+
+
+def test_per_case_dumps_are_refused_in_one_line(
+    dumps: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from layerwatch.capture import DumpConfig, case, register_hook
+
+    model = build()
+    with register_hook(model, DumpConfig(dump_path=str(tmp_path / "cases"))), torch.no_grad():
+        for key, ids in zip("ab", PROMPTS, strict=True):
+            with case(key):
+                model(torch.tensor(ids))
+    args = [dumps["golden"], str(tmp_path / "cases"), "--fake-quant", dumps["fq"]]
+    assert main(["compare", *args]) == 2
+    err = capsys.readouterr().err
+    assert "several cases" in err and "Traceback" not in err
