@@ -312,6 +312,9 @@ class CompareSession(SessionState):
 
         inputs = self.inputs_of(result)  # takes the lock briefly; loading happens without it
         detail = explain(result, self.thresholds, inputs)
+        with self._lock:
+            topology = (self._topo.get("golden"), self._topo.get("target"))
+        detail.weights = findings.weight_rows(*topology, result.key.node)
         line = self._precheck_line(result)
         if line:
             detail.sentence = f"{detail.sentence} · {line}" if detail.sentence else line
