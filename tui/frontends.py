@@ -98,18 +98,34 @@ def open_main(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             raise LayerwatchError(f"{side} dump {path}: no such file or directory")
         resolve(path)  # several msit runs in one directory: refused, as compare does
-    if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
-        from layerwatch.engine.cases import dumps_have_cases
+    from layerwatch.engine.cases import dumps_have_cases
 
-        if dumps_have_cases(args.golden, args.target):  # per-case dumps: compare's summary and exit
+    if dumps_have_cases(args.golden, args.target):
+        if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
             from layerwatch.engine.runner import compare_main
 
-            return compare_main(args)
+            return compare_main(args)  # per-case dumps: compare's summary and exit
+        return open_cases(args)
     pipeline = LivePipeline(
         attach_spec(args.golden, idle_s=0, watch=False), attach_spec(args.target, idle_s=0, watch=False),
         session=_session(args),
     )  # fmt: skip
     return present(pipeline, args, f"layerwatch open · {args.golden} vs {args.target}", live=False)
+
+
+def open_cases(args: argparse.Namespace) -> int:
+    """``layerwatch open`` of per-case dumps in the TUI: the cases list, then a case's grid."""
+    from layerwatch.engine.case_sources import CaseSet
+    from layerwatch.tui.app import run_app
+
+    cases = CaseSet(args.golden, args.target, lambda: _session(args))
+    with interrupt_on_signals():
+        try:
+            return run_app(
+                None, title=f"layerwatch open · {args.golden} vs {args.target}", cases=cases
+            )
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
 
 
 def open_precheck(args: argparse.Namespace) -> int:
