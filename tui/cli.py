@@ -28,6 +28,7 @@ _HANDLERS: dict[str, str] = {
     "precheck": "layerwatch.engine.precheck:precheck_main",
     "scan": "layerwatch.engine.scan_report:scan_main",
     "weights": "layerwatch.engine.weights:weights_main",
+    "serve": "layerwatch.tui.serve:serve_main",
 }
 
 
@@ -310,6 +311,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     weights.add_argument("target", metavar="TARGET", help="the converted or quantised checkpoint")
     add_report_options(weights, "msit -w columns")
+
+    serve = sub.add_parser(
+        "serve",
+        help="the TUI in a browser: serve demo|run|watch|open ARGS (needs layerwatch[serve])",
+        description="Serve `layerwatch demo|run|watch|open ARGS` to a browser (textual-serve):"
+        " each connection starts its own app. Bound to 127.0.0.1 unless --host says otherwise;"
+        " bound elsewhere, the URL carries a secret token (LAYERWATCH_SERVE_TOKEN fixes it).",
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    serve.add_argument(
+        "--port", type=int, default=8000, metavar="N", help="port to bind (default 8000)"
+    )
+    serve.add_argument(
+        "served",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND ARGS",
+        help="demo, run, watch or open and its arguments",
+    )
     return parser
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import signal
 import sys
@@ -101,7 +102,7 @@ def open_main(args: argparse.Namespace) -> int:
     from layerwatch.engine.cases import dumps_have_cases
 
     if dumps_have_cases(args.golden, args.target):
-        if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        if getattr(args, "headless", False) or not interactive():
             from layerwatch.engine.runner import compare_main
 
             return compare_main(args)  # per-case dumps: compare's summary and exit
@@ -132,7 +133,7 @@ def open_precheck(args: argparse.Namespace) -> int:
     """``layerwatch open DUMP``: the precheck grid in the TUI; headless, ``precheck``'s output."""
     if not Path(args.golden).exists():
         raise LayerwatchError(f"{args.golden}: no such file or directory")
-    if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
+    if getattr(args, "headless", False) or not interactive():
         from layerwatch.engine.precheck import precheck_main
 
         args.dump = args.golden
@@ -148,6 +149,14 @@ def open_precheck(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
     report = source.report
     return 1 if report is not None and (report.failed or report.errors) else 0
+
+
+def interactive() -> bool:
+    """A person is there: a terminal on both ends, or a browser (``layerwatch serve`` runs each
+    connection's app with Textual's web driver, over pipes)."""
+    if "web_driver" in os.environ.get("TEXTUAL_DRIVER", ""):
+        return True
+    return sys.stdout.isatty() and sys.stdin.isatty()
 
 
 def _name(text: str | None) -> str:
@@ -186,7 +195,7 @@ def present(pipeline: Any, args: argparse.Namespace, title: str, *, live: bool =
                 file=sys.stderr,
             )
         else:
-            if sys.stdout.isatty() and sys.stdin.isatty():
+            if interactive():
                 with interrupt_on_signals():
                     try:
                         return run_app(pipeline, title=title)
