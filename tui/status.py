@@ -104,6 +104,10 @@ class StatusBar(TextLines):
             text.append(f" {why}")
         else:
             text.append(" waiting for tensors from both sides…", style="dim")
+        if state.stats_only_tokens:
+            text.append("\n")
+            text.append(" ≈ statistics only ", style="bold reverse yellow")
+            text.append(" " + wording.stats_only_words(sorted(state.stats_only_tokens)))
         if state.divergence is not None:
             text.append("\n")
             text.append(f" {palette.GLYPH_PARTING} outputs part ", style="bold reverse blue")
