@@ -69,6 +69,9 @@ class LayerwatchApp(App[int]):
         self._base_title = title
         self.tick_hz = tick_hz
         self.model = GridModel()
+        self.model.verdict_only = bool(
+            getattr(getattr(source, "view", None), "verdict_only", False)
+        )
         self.state = RunState()
         self.error: str | None = None
         """A start-up problem to print after the terminal is restored."""

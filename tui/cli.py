@@ -218,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     run = sub.add_parser("run", help="launch or attach to both sides and compare live")
-    for side in SIDES:
-        group = run.add_mutually_exclusive_group(required=True)
+    for side in SIDES:  # no golden side: the anomaly scan of the target, live
+        group = run.add_mutually_exclusive_group(required=side == "target")
         group.add_argument(f"--{side}-cmd", metavar="CMD", help=f"{side} inference command")
         group.add_argument(
             f"--{side}", metavar="DIR", help=f"{side} dump directory (finished or being written)"
@@ -242,15 +242,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_watch_options(run)
     add_compare_options(run)
     add_live_report_options(run)
+    add_scan_bounds(run)
 
-    watch = sub.add_parser("watch", help="attach to two dumps being written by anything")
-    add_dump_pair(watch, "_DIR")
+    watch = sub.add_parser(
+        "watch",
+        help="attach to two dumps being written by anything (one: its anomaly scan, no golden)",
+    )
+    watch.add_argument("golden", metavar="GOLDEN_DIR")
+    watch.add_argument(
+        "target", metavar="TARGET_DIR", nargs="?", help="without it: scan GOLDEN_DIR alone"
+    )
     watch.add_argument(
         "--headless", action="store_true", help="print progress lines instead of the TUI"
     )
     add_watch_options(watch)
     add_compare_options(watch)
     add_live_report_options(watch)
+    add_scan_bounds(watch)
 
     open_ = sub.add_parser(
         "open",
@@ -367,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     handler = _HANDLERS[args.command]
     if args.command == "dump" and (args.scan or args.exit_on_anomaly or args.scan_output):
-        handler = "layerwatch.engine.live.scan:dump_scan_main"
+        handler = "layerwatch.tui.frontends:dump_scan_main"
     try:
         return _load(handler)(args)
     except LayerwatchError as exc:
