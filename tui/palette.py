@@ -204,9 +204,9 @@ def verdict_legend_entries() -> list[tuple[str, str, int]]:
     """(glyph, meaning, code) for the scan grid: verdicts only, no metric scale."""
     return [
         ("✓", "clean", CellState.PASS * CODES_PER_STATE + Q_VERDICT),
-        ("✖", "anomaly appears", CellState.FAIL * CODES_PER_STATE + Q_VERDICT),
-        ("NaN", "NaN/Inf appears", CellState.NONFINITE * CODES_PER_STATE),
-        ("≠", "carried in by an input", CellState.DIVERGED * CODES_PER_STATE + Q_UNKNOWN),
+        ("✖", "appears here", CellState.FAIL * CODES_PER_STATE + Q_VERDICT),
+        ("NaN", "NaN/Inf", CellState.NONFINITE * CODES_PER_STATE),
+        ("≠", "carried in", CellState.DIVERGED * CODES_PER_STATE + Q_UNKNOWN),
         ("…", "landing", CellState.WAITING * CODES_PER_STATE),
         ("·", "not dumped", CellState.EMPTY * CODES_PER_STATE),
     ]
