@@ -26,39 +26,26 @@ from layerwatch.engine.cases import (
     spans,
 )
 from layerwatch.engine.readers.base import ReaderUpdate
-from layerwatch.engine.seam import QueueSink, ResultBatch
+from layerwatch.engine.seam import CaseRow, QueueSink, ResultBatch
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CaseRow:
-    """One line of the cases list."""
-
-    key: str
-    verdict: str
-    """``pass``, ``fail``, ``diverged``, ``empty`` or ``unpaired`` (engine/cases.py)."""
-    first_bad_token: int | None
-    first_failure: str
-    """The first failing node (``""`` when none)."""
-    pairs: int
-    failed: int
-
-    @classmethod
-    def of(cls, case: CaseResult) -> CaseRow:
-        report = case.report
-        summary = report.get("summary", {})
-        ff = report.get("first_failure") or {}
-        return cls(
-            case.key,
-            case.verdict,
-            report.get("first_bad_token"),
-            str(ff.get("node", "")),
-            int(summary.get("pairs", 0)),
-            int(summary.get("fail", 0)) + int(summary.get("error", 0)),
-        )
+def case_row(case: CaseResult) -> CaseRow:
+    """The cases list's line for one compared case."""
+    report = case.report
+    summary = report.get("summary", {})
+    ff = report.get("first_failure") or {}
+    return CaseRow(
+        case.key,
+        case.verdict,
+        report.get("first_bad_token"),
+        str(ff.get("node", "")),
+        int(summary.get("pairs", 0)),
+        int(summary.get("fail", 0)) + int(summary.get("error", 0)),
+    )
 
 
 class CaseSet:
-    """The cases of two finished dumps (``load`` compares them all; call it off the UI thread)."""
+    """A :class:`~layerwatch.engine.seam.CasesView`: the cases of two finished dumps (``load`` compares them all; call it off the UI thread)."""
 
     def __init__(self, golden: str, target: str, make_session: Callable[[], Any]) -> None:
         self.golden, self.target = golden, target
@@ -83,7 +70,7 @@ class CaseSet:
         cases = compare_cases(self._updates, self.make_session)
         if not any(c.results for c in cases):
             raise LayerwatchError("nothing to compare: no case has tensors on both sides")
-        self.rows = [CaseRow.of(c) for c in cases]
+        self.rows = [case_row(c) for c in cases]
         return self.rows
 
     @property

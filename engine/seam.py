@@ -323,3 +323,37 @@ class ComparisonSource(Protocol):
         """Write the report as ``layerwatch compare -o`` does (``.csv``, ``.json`` or ``.jsonl``
         by suffix; any other suffix raises ``LayerwatchError``)."""
         ...
+
+
+# --- several cases (prompts) in one dump pair ----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CaseRow:
+    """One line of the cases list."""
+
+    key: str
+    verdict: str
+    """``pass``, ``fail``, ``diverged``, ``empty`` or ``unpaired`` (engine/cases.py)."""
+    first_bad_token: int | None
+    first_failure: str
+    """The first failing node (``""`` when none)."""
+    pairs: int
+    failed: int
+
+
+class CasesView(Protocol):
+    """The cases of a per-case dump pair (engine/case_sources.py ``CaseSet``)."""
+
+    rows: list[CaseRow]
+
+    @property
+    def failing(self) -> int: ...
+
+    def load(self) -> list[CaseRow]:
+        """Compare every case (slow: call it off the UI thread); raises LayerwatchError."""
+        ...
+
+    def source(self, key: str) -> ComparisonSource:
+        """Case ``key`` as a comparison source; raises LayerwatchError if it cannot be shown."""
+        ...
+
+    def close(self) -> None: ...

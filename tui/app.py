@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.case_sources import CaseSet
-from layerwatch.engine.seam import ComparisonSource
+from layerwatch.engine.seam import CasesView, ComparisonSource
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
@@ -58,7 +57,7 @@ class LayerwatchApp(App[int]):
         title: str = "layerwatch",
         tick_hz: float = TICK_HZ,
         color_system: str | None = None,
-        cases: CaseSet | None = None,
+        cases: CasesView | None = None,
     ) -> None:
         super().__init__()
         keep_process_pools_working()
@@ -194,7 +193,7 @@ class LayerwatchApp(App[int]):
         self.call_later(target.run_action, action.name)
 
 
-def run_app(source: ComparisonSource | None, *, title: str, cases: CaseSet | None = None) -> int:
+def run_app(source: ComparisonSource | None, *, title: str, cases: CasesView | None = None) -> int:
     """Show a comparison until the user quits; stop the source; return compare's exit code.
 
     A source whose worker gave up (``source.error``) ends like the headless path: its one line

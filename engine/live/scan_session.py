@@ -260,10 +260,11 @@ def _result(rec: TensorRecord, row: ScanRow | None) -> PairResult:
         metrics = {"max": stats.max, "min": stats.min, "nan": stats.nan, "inf": stats.inf}
     if row is not None and row.ratio is not None:
         metrics["ratio"] = row.ratio
+    failed: tuple[str, ...] = ()
     if row is None:
-        verdict, reason, failed = Verdict.PASS, "", ()
+        verdict, reason = Verdict.PASS, ""
     elif row.status == PROPAGATED:
-        verdict, reason, failed = Verdict.DIVERGED, row.reason(), ()
+        verdict, reason = Verdict.DIVERGED, row.reason()
     else:
         verdict, reason, failed = Verdict.FAIL, row.reason(), row.kinds
         if anomaly.NAN in row.kinds or anomaly.INF in row.kinds:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from layerwatch.engine.case_sources import CaseRow, CaseSet
+from layerwatch.engine.seam import CaseRow, CasesView
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from .. import keys
+from ..messages import CasesLoaded
 
 if TYPE_CHECKING:
     from ..app import LayerwatchApp
@@ -31,19 +31,13 @@ VERDICT_STYLES = {
 }
 
 
-class CasesLoaded(Message):
-    def __init__(self, rows: list[CaseRow], error: str = "") -> None:
-        super().__init__()
-        self.rows, self.error = rows, error
-
-
 class CasesScreen(Screen[None]):
     BINDINGS: ClassVar = keys.bindings("cases")
     AUTO_FOCUS = "#cases"
 
     app: LayerwatchApp
 
-    def __init__(self, cases: CaseSet) -> None:
+    def __init__(self, cases: CasesView) -> None:
         super().__init__()
         self.cases = cases
         self.rows: list[CaseRow] = []
