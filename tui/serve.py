@@ -12,6 +12,8 @@ Safety, because the page drives a process that can launch commands:
   middleware; textual-serve itself has no authentication;
 * the app is started as an argument vector (``create_subprocess_exec``), never through a
   shell (textual-serve's own ``AppService`` uses ``create_subprocess_shell``);
+* requests from another origin (a page elsewhere opening our websocket) are refused, and on
+  loopback so is any Host that is not a loopback name (DNS rebinding);
 * the port is bound before anything else: a port in use is one line and exit 2.
 """
 
@@ -31,6 +33,7 @@ from typing import Any
 from layerwatch.capture.errors import LayerwatchError
 
 SERVABLE = ("demo", "run", "watch", "open")
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_PORT = 8000
 
 
@@ -105,10 +108,11 @@ def make_server(argv: list[str], host: str, port: int, token: str | None) -> Any
             return process
 
     prefix = f"/{token}" if token else ""
+    loopback = is_loopback(host)
 
     class LayerwatchServer(Server):  # type: ignore[misc]
         async def _make_app(self) -> web.Application:
-            middlewares = [self.guard] if token else []
+            middlewares = [self.same_origin, *([self.guard] if token else [])]
             app = web.Application(middlewares=middlewares)
             aiohttp_jinja2.setup(
                 app, loader=__import__("jinja2").FileSystemLoader(self.templates_path)
@@ -123,6 +127,19 @@ def make_server(argv: list[str], host: str, port: int, token: str | None) -> Any
             )
             app.on_startup.append(self.on_startup)
             return app
+
+        @web.middleware
+        async def same_origin(self, request: web.Request, handler: Any) -> web.StreamResponse:
+            # A web page in the same browser may open a websocket to any address (no
+            # same-origin rule for websockets): only our own page may (its Origin is our
+            # Host). Bound to loopback, the Host must be a loopback name too, so a DNS name
+            # rebound to 127.0.0.1 cannot pass as "same origin".
+            origin = request.headers.get("Origin")
+            if origin is not None and origin.split("://", 1)[-1] != request.host:
+                raise web.HTTPForbidden(text="layerwatch serve: cross-origin request refused\n")
+            if loopback and request.host.rsplit(":", 1)[0].strip("[]") not in LOOPBACK_NAMES:
+                raise web.HTTPForbidden(text="layerwatch serve: unknown Host refused\n")
+            return await handler(request)
 
         @web.middleware
         async def guard(self, request: web.Request, handler: Any) -> web.StreamResponse:

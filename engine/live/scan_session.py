@@ -304,10 +304,6 @@ def explain_scan(result: PairResult, bounds: anomaly.Bounds) -> PairDetail:
         )
     if result.verdict is Verdict.PASS:
         sentence = "scan: no anomaly (finite, below the dtype's maximum, no jump from its inputs)"
-    elif result.verdict is Verdict.DIVERGED:
-        sentence = f"scan: {result.reason}"
     else:
         sentence = f"scan: {result.reason}"
-        if APPEARS in result.reason or "appears here" in result.reason:
-            sentence += " — the first place to look"
     return PairDetail(result, None, target, checks, [], [], [], "", [], sentence)

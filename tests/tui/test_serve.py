@@ -114,6 +114,22 @@ async def test_serve_elsewhere_needs_the_token_in_the_url() -> None:
         await _first_frame(local, "layerwatch open")
 
 
+async def test_serve_refuses_other_origins_and_rebound_hosts() -> None:
+    """A page elsewhere may not open our websocket; a DNS name rebound to 127.0.0.1 may not
+    pass as this server."""
+    port = _free_port()
+    with serving("--port", str(port), *OPEN) as (url, _):
+        async with aiohttp.ClientSession() as http:
+            evil = {"Origin": "http://evil.example"}
+            async with http.get(f"{url}ws", headers=evil) as resp:
+                assert resp.status == 403
+            async with http.get(url, headers={"Host": f"evil.example:{port}"}) as resp:
+                assert resp.status == 403
+            ours = {"Origin": f"http://127.0.0.1:{port}"}
+            async with http.ws_connect(f"{url.replace('http', 'ws')}ws", headers=ours) as ws:
+                assert not ws.closed
+
+
 def test_serve_port_in_use_is_one_line_exit_2() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
