@@ -58,6 +58,8 @@ class ScanSession:
         self._layout_key: object = None
         self._results: list[PairResult] = []
         self._cells: dict[tuple[int, int], list[PairResult]] = {}
+        self._inputs: dict[tuple[int, int, str], list[PairResult]] = {}
+        """(rank, token, node) → its inputs' own NaN/Inf state, for "inputs clean, output not"."""
         self._dirty: set[tuple[int, int]] = set()
         self._blocks_changed = False
         self._finished = False
@@ -168,10 +170,12 @@ class ScanSession:
         return sorted(found, key=lambda r: (r.order, r.key.node, r.key.stem))
 
     def inputs_of(self, result: PairResult) -> list[PairResult]:
-        return []
+        key = result.key
+        with self._lock:
+            return list(self._inputs.get((key.rank, key.token, key.node), ()))
 
     def explain(self, result: PairResult) -> PairDetail:
-        return explain_scan(result, self.scanner.report.bounds)
+        return explain_scan(result, self.scanner.report.bounds, self.inputs_of(result))
 
     # --- internals (under the lock) -----------------------------------------------------------
     def _refresh_layout(self) -> None:
@@ -203,6 +207,10 @@ class ScanSession:
         bad = {row.key.stem: row for row in rows}
         s = self._summary
         passed, failed, carried = s.passed, s.failed, s.diverged
+        inputs = [_input_result(rec) for rec in records if rec.key.part == "input"]
+        inputs = [r for r in inputs if r is not None]
+        if inputs:
+            self._inputs[(records[0].key.rank, records[0].key.token, node)] = inputs
         for rec in records:
             if rec.key.part != "output" or not anomaly.is_float(rec.dtype):
                 continue
@@ -281,7 +289,23 @@ def _result(rec: TensorRecord, row: ScanRow | None) -> PairResult:
     )
 
 
-def explain_scan(result: PairResult, bounds: anomaly.Bounds) -> PairDetail:
+def _input_result(rec: TensorRecord) -> PairResult | None:
+    """An input's own state from its statistics: NaN/Inf in it is carried into the node."""
+    stats = rec.stats
+    if stats is None or not anomaly.is_float(rec.dtype):
+        return None
+    bad = stats.nan or stats.inf
+    metrics = {"max": stats.max, "min": stats.min, "nan": stats.nan, "inf": stats.inf}
+    verdict = Verdict.FAIL if bad else Verdict.PASS
+    reason = f"{stats.nan} NaN, {stats.inf} Inf in this input" if bad else ""
+    return PairResult(
+        rec.key, verdict, metrics, ("nan",) if bad else (), reason, target=rec, order=rec.order
+    )
+
+
+def explain_scan(
+    result: PairResult, bounds: anomaly.Bounds, inputs: list[PairResult]
+) -> PairDetail:
     """The operator view of a scanned output: its statistics against the anomaly rules."""
     rec = result.target
     stats = rec.stats if rec is not None else None
@@ -306,4 +330,4 @@ def explain_scan(result: PairResult, bounds: anomaly.Bounds) -> PairDetail:
         sentence = "scan: no anomaly (finite, below the dtype's maximum, no jump from its inputs)"
     else:
         sentence = f"scan: {result.reason}"
-    return PairDetail(result, None, target, checks, [], [], [], "", [], sentence)
+    return PairDetail(result, None, target, checks, inputs, [], [], "", [], sentence)

@@ -92,6 +92,8 @@ async def test_scan_grid_of_a_finished_dump_matches_layerwatch_scan(
         )
         text = plain_text(app.screen.query_one("#detail", Static))
         assert "scan: inf appears here" in text and "Inf count" in text
+        inputs = text.split("inputs of this operator", 1)[1].split("files", 1)[0]
+        assert "input_0" in inputs and "✔ pass" in inputs and "✖" not in inputs  # clean inputs
 
 
 async def test_scan_grid_fills_while_the_command_runs(tmp_path: Path) -> None:
