@@ -85,7 +85,8 @@ class CellSummary(TextLines):
                 text.append(f"{wording.short(metric):<10}{wording.value(metric, v)}\n")
             else:
                 text.append(f"{wording.short(metric)} {wording.value(metric, v)}  ")
-        text.append("\n")
+        if not scan or self.tall:
+            text.append("\n")
         bad = [p for p in self.pairs or [] if p.verdict in (Verdict.FAIL, Verdict.ERROR)]
         failing = [p for p in bad if p.key.part == "output"] or bad
         if self.pairs is None:
