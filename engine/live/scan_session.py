@@ -207,8 +207,8 @@ class ScanSession:
         bad = {row.key.stem: row for row in rows}
         s = self._summary
         passed, failed, carried = s.passed, s.failed, s.diverged
-        inputs = [_input_result(rec) for rec in records if rec.key.part == "input"]
-        inputs = [r for r in inputs if r is not None]
+        found = (_input_result(rec) for rec in records if rec.key.part == "input")
+        inputs = [r for r in found if r is not None]
         if inputs:
             self._inputs[(records[0].key.rank, records[0].key.token, node)] = inputs
         for rec in records:

@@ -54,6 +54,7 @@ async def test_operator_view_lists_the_weights_that_differ(tmp_path: Path) -> No
         )
         text = plain_text(app.screen.query_one("#detail", Static))
         assert "weights differ from the golden's" in text
+        assert "weights differ: weight (norm " in text  # the why-sentence says it first
         row = next(line for line in text.splitlines() if line.lstrip().startswith("weight "))
         assert "✖ differ" in row and "[32, 64]" in row
         save_shot(app, "operator-weights-differ.svg", tmp_path)
