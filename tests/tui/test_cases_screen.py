@@ -95,3 +95,14 @@ async def test_case_grid_opened_twice_shows_the_same_cells(case_dumps) -> None:
             await pilot.press("escape")
             await wait_until(pilot, lambda: isinstance(app.screen, CasesScreen))
         assert counts[0] == counts[1] and counts[0][1] > 0
+
+
+def test_cases_screen_snapshot(case_dumps, snap_compare) -> None:
+    """The cases list at 80×24 (seeded demo dumps: the same rows on every machine)."""
+    app = _app(*case_dumps)
+
+    async def loaded(pilot) -> None:
+        await wait_until(pilot, lambda: isinstance(app.screen, CasesScreen) and app.screen.rows)
+        await pilot.pause(0.1)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded)
