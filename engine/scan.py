@@ -22,7 +22,7 @@ Rows list anomalous tensors only (a clean 4k-token run would otherwise print mil
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
@@ -93,6 +93,9 @@ class Scanner:
         """The first anomalous token per rank."""
         self._tokens: set[int] = set()
         self._ranks: set[int] = set()
+        self.on_call: Callable[[str, list[TensorRecord], list[ScanRow]], None] | None = None
+        """Told every judged call (node, its records, its anomalous rows; clean calls too):
+        the live scan grid (engine/live/scan_session.py) colours clean cells from it."""
 
     def add(self, records: Iterable[TensorRecord]) -> list[ScanRow]:
         """Buffer ``records``; judge the calls now known whole; returns the new rows."""
@@ -115,7 +118,10 @@ class Scanner:
                 ordered = ordered[:-1]  # the last call may still be landing
             for node, recs in ordered:
                 del calls[node]
-                new.extend(self._call(rank, token, node, recs))
+                rows = self._call(rank, token, node, recs)
+                new.extend(rows)
+                if self.on_call is not None:
+                    self.on_call(node, recs, rows)
             if not calls:
                 del self._pending[(rank, token)]
         report = self.report

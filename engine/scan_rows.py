@@ -108,10 +108,10 @@ class ScanReport:
     def first_failure(self) -> ScanRow | None:
         """The first row in execution order where an anomaly appears, else the first row."""
         born = [r for r in self.rows if r.status == APPEARS] or self.rows
-        return min(born, key=_position, default=None)
+        return min(born, key=position, default=None)
 
     def sorted_rows(self) -> list[ScanRow]:
-        return sorted(self.rows, key=_position)
+        return sorted(self.rows, key=position)
 
     def to_json(self) -> dict[str, Any]:
         multi = self.ranks > 1
@@ -138,7 +138,7 @@ class ScanReport:
         }
 
 
-def _position(row: ScanRow) -> tuple[int, int, int, str, str]:
+def position(row: ScanRow) -> tuple[int, int, int, str, str]:
     return (row.key.token, row.key.rank, row.order, row.key.node, row.key.stem)
 
 

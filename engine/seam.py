@@ -248,6 +248,22 @@ class WorstElement:
     rel_err: float
 
 
+@dataclass(frozen=True, slots=True)
+class WeightRow:
+    """One parameter of an operator on both sides, from the fingerprints in topology.json
+    (taken at hook time): shows whether a failing op ran with other weights than the golden."""
+
+    name: str
+    golden_shape: tuple[int, ...]
+    target_shape: tuple[int, ...]
+    golden_dtype: str
+    target_dtype: str
+    golden_norm: float
+    target_norm: float
+    differ: bool
+    """Not equal even after casting the golden to the target's dtype (or another shape)."""
+
+
 @dataclass(slots=True)
 class PairDetail:
     """Everything the operator view shows for one pair. Built on demand (loads both tensors)."""
@@ -264,6 +280,8 @@ class PairDetail:
     worst: list[WorstElement]
     sentence: str
     """Why it was flagged (or why it passes), in one sentence."""
+    weights: list[WeightRow] = field(default_factory=list)
+    """The operator's own parameters on both sides (empty: none, or no fingerprints)."""
 
 
 class ResultsView(Protocol):
@@ -305,3 +323,37 @@ class ComparisonSource(Protocol):
         """Write the report as ``layerwatch compare -o`` does (``.csv``, ``.json`` or ``.jsonl``
         by suffix; any other suffix raises ``LayerwatchError``)."""
         ...
+
+
+# --- several cases (prompts) in one dump pair ----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CaseRow:
+    """One line of the cases list."""
+
+    key: str
+    verdict: str
+    """``pass``, ``fail``, ``diverged``, ``empty`` or ``unpaired`` (engine/cases.py)."""
+    first_bad_token: int | None
+    first_failure: str
+    """The first failing node (``""`` when none)."""
+    pairs: int
+    failed: int
+
+
+class CasesView(Protocol):
+    """The cases of a per-case dump pair (engine/case_sources.py ``CaseSet``)."""
+
+    rows: list[CaseRow]
+
+    @property
+    def failing(self) -> int: ...
+
+    def load(self) -> list[CaseRow]:
+        """Compare every case (slow: call it off the UI thread); raises LayerwatchError."""
+        ...
+
+    def source(self, key: str) -> ComparisonSource:
+        """Case ``key`` as a comparison source; raises LayerwatchError if it cannot be shown."""
+        ...
+
+    def close(self) -> None: ...

@@ -238,3 +238,21 @@ def summary_text(session: Any) -> str:
     if len(session.notes) > 8:
         lines.append(f"note: … {len(session.notes) - 8} more (see the report)")
     return "\n".join(lines)
+
+
+def stats_only_words(tokens: list[int]) -> str:
+    """The status line's note on statistics-only pairs (``tokens`` sorted, not empty)."""
+    spans: list[str] = []
+    start = prev = tokens[0]
+    for t in [*tokens[1:], None]:
+        if t is not None and t == prev + 1:
+            prev = t
+            continue
+        spans.append(str(start) if start == prev else f"{start}–{prev}")
+        if t is not None:
+            start = prev = t
+    where = ", ".join(spans[:4]) + (" …" if len(spans) > 4 else "")
+    return (
+        f"token{'s' if len(tokens) > 1 else ''} {where}: judged on max/min/mean/L2 (msit -st),"
+        " ? = no cos/red there"
+    )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.seam import ComparisonSource
+from layerwatch.engine.seam import CasesView, ComparisonSource
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
@@ -52,11 +52,12 @@ class LayerwatchApp(App[int]):
 
     def __init__(
         self,
-        source: ComparisonSource,
+        source: ComparisonSource | None,
         *,
         title: str = "layerwatch",
         tick_hz: float = TICK_HZ,
         color_system: str | None = None,
+        cases: CasesView | None = None,
     ) -> None:
         super().__init__()
         keep_process_pools_working()
@@ -64,12 +65,19 @@ class LayerwatchApp(App[int]):
         self.source = source
         self.title_text = title
         self.title = title
+        self._base_title = title
         self.tick_hz = tick_hz
         self.model = GridModel()
+        self.model.verdict_only = bool(
+            getattr(getattr(source, "view", None), "verdict_only", False)
+        )
         self.state = RunState()
         self.error: str | None = None
         """A start-up problem to print after the terminal is restored."""
         self.main_screen: MainScreen | None = None
+        self.cases = cases
+        """Several cases (prompts) in one dump pair: the cases list comes first and ``source``
+        is the case whose grid is open."""
 
     @property
     def color_system(self) -> str | None:
@@ -80,6 +88,12 @@ class LayerwatchApp(App[int]):
     def on_mount(self) -> None:
         if self.color_system == "standard":
             self.theme = "ansi-dark"
+        if self.cases is not None:
+            from .screens.cases import CasesScreen
+
+            self.push_screen(CasesScreen(self.cases))
+            self.set_interval(1 / self.tick_hz, self.drain, name="drain")
+            return
         try:
             self.source.start()
         except Exception as exc:  # LayerwatchError and friends: report after the UI is gone
@@ -91,8 +105,33 @@ class LayerwatchApp(App[int]):
         self.drain()
         self.set_interval(1 / self.tick_hz, self.drain, name="drain")
 
+    def open_case(self, key: str) -> None:
+        """Show case ``key``'s grid: its own source, a fresh model and state, a new main screen."""
+        assert self.cases is not None
+        try:
+            source = self.cases.source(key)
+        except LayerwatchError as exc:
+            self.notify(str(exc), severity="warning", timeout=5, markup=False)
+            return
+        self.source = source
+        self.model, self.state = GridModel(), RunState()
+        self.title = self.title_text = f"{self._base_title} · case {key}"
+        source.start()
+        self.main_screen = MainScreen()
+        self.push_screen(self.main_screen)
+        self.drain()
+
+    def back_to_cases(self) -> None:
+        """Esc on a case's grid: back to the list (the case stays compared for next time)."""
+        if self.main_screen is not None and self.screen is self.main_screen:
+            self.main_screen = None
+            self.title = self.title_text = self._base_title
+            self.pop_screen()
+
     def drain(self) -> None:
         """Apply everything the engine produced since the last tick (the only model writer)."""
+        if self.source is None:  # the cases list, no case opened yet
+            return
         batches = self.source.sink.drain()
         if not batches:
             return
@@ -115,6 +154,8 @@ class LayerwatchApp(App[int]):
     @property
     def exit_code(self) -> int:
         """0 when everything compared so far passed, 1 when a failure was found (like compare)."""
+        if self.cases is not None:
+            return 1 if self.cases.failing or self.state.failed else 0
         return 1 if self.state.failed else 0
 
     # --- actions and the command palette ---------------------------------------------------
@@ -132,6 +173,7 @@ class LayerwatchApp(App[int]):
             "MainScreen": ("grid", "main", "app"),
             "BlockScreen": ("block", "app"),
             "OperatorScreen": ("operator", "app"),
+            "CasesScreen": ("cases", "app"),
         }.get(type(screen).__name__, ("app",))
         for action in keys.palette_actions(scopes):
             yield SystemCommand(
@@ -151,22 +193,25 @@ class LayerwatchApp(App[int]):
         self.call_later(target.run_action, action.name)
 
 
-def run_app(source: ComparisonSource, *, title: str) -> int:
+def run_app(source: ComparisonSource | None, *, title: str, cases: CasesView | None = None) -> int:
     """Show a comparison until the user quits; stop the source; return compare's exit code.
 
     A source whose worker gave up (``source.error``) ends like the headless path: its one line
     (raised, so the command prints it with its name) and exit 2, whatever the grid showed."""
-    app = LayerwatchApp(source, title=title)
+    app = LayerwatchApp(source, title=title, cases=cases)
     if hasattr(source, "freeze_heap"):  # a LivePipeline: no long GC pauses (engine/gc_tuning)
         source.freeze_heap = True
     try:
         result = app.run()
     finally:
-        source.stop()
+        if source is not None:
+            source.stop()
+        if cases is not None:
+            cases.close()
     if app.error is not None:
         print(f"layerwatch: {app.error}", file=sys.stderr)
         return 2
-    gave_up = getattr(source, "error", None)
+    gave_up = getattr(source, "error", None) if cases is None else None
     if gave_up:  # the comparison did not finish: not a verdict
         raise LayerwatchError(gave_up)
     if result is None:  # the app crashed: Textual has printed the traceback

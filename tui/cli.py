@@ -28,6 +28,7 @@ _HANDLERS: dict[str, str] = {
     "precheck": "layerwatch.engine.precheck:precheck_main",
     "scan": "layerwatch.engine.scan_report:scan_main",
     "weights": "layerwatch.engine.weights:weights_main",
+    "serve": "layerwatch.tui.serve:serve_main",
 }
 
 
@@ -217,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     run = sub.add_parser("run", help="launch or attach to both sides and compare live")
-    for side in SIDES:
-        group = run.add_mutually_exclusive_group(required=True)
+    for side in SIDES:  # no golden side: the anomaly scan of the target, live
+        group = run.add_mutually_exclusive_group(required=side == "target")
         group.add_argument(f"--{side}-cmd", metavar="CMD", help=f"{side} inference command")
         group.add_argument(
             f"--{side}", metavar="DIR", help=f"{side} dump directory (finished or being written)"
@@ -241,15 +242,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_watch_options(run)
     add_compare_options(run)
     add_live_report_options(run)
+    add_scan_bounds(run)
 
-    watch = sub.add_parser("watch", help="attach to two dumps being written by anything")
-    add_dump_pair(watch, "_DIR")
+    watch = sub.add_parser(
+        "watch",
+        help="attach to two dumps being written by anything (one: its anomaly scan, no golden)",
+    )
+    watch.add_argument("golden", metavar="GOLDEN_DIR")
+    watch.add_argument(
+        "target", metavar="TARGET_DIR", nargs="?", help="without it: scan GOLDEN_DIR alone"
+    )
     watch.add_argument(
         "--headless", action="store_true", help="print progress lines instead of the TUI"
     )
     add_watch_options(watch)
     add_compare_options(watch)
     add_live_report_options(watch)
+    add_scan_bounds(watch)
 
     open_ = sub.add_parser(
         "open",
@@ -337,6 +346,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="thresholds TOML whose [weights.<kind>] tables override the defaults",
     )
+
+    serve = sub.add_parser(
+        "serve",
+        help="the TUI in a browser: serve demo|run|watch|open ARGS (needs layerwatch[serve])",
+        description="Serve `layerwatch demo|run|watch|open ARGS` to a browser (textual-serve):"
+        " each connection starts its own app. Bound to 127.0.0.1 unless --host says otherwise;"
+        " bound elsewhere, the URL carries a secret token (LAYERWATCH_SERVE_TOKEN fixes it).",
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    serve.add_argument(
+        "--port", type=int, default=8000, metavar="N", help="port to bind (default 8000)"
+    )
+    serve.add_argument(
+        "served",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND ARGS",
+        help="demo, run, watch or open and its arguments",
+    )
     return parser
 
 
@@ -373,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     handler = _HANDLERS[args.command]
     if args.command == "dump" and (args.scan or args.exit_on_anomaly or args.scan_output):
-        handler = "layerwatch.engine.live.scan:dump_scan_main"
+        handler = "layerwatch.tui.frontends:dump_scan_main"
     if args.command == "precheck" and args.replay:
         handler = "layerwatch.engine.replay:replay_main"
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import signal
 import sys
@@ -68,8 +69,11 @@ def run_main(args: argparse.Namespace) -> int:
         launch = LaunchSpec(argv, where, options, dumper, shell=args.shell, log=out / f"{name}.log")
         return SideSpec(where, launch)
 
-    golden = side("golden", args.golden_cmd, args.golden)
     target = side("target", args.target_cmd, args.target)
+    if args.golden_cmd is None and args.golden is None:  # no golden: the anomaly scan, live
+        title = f"layerwatch run · scan · {_name(args.target_cmd or args.target)}"
+        return present(scan_pipeline(target, args), args, title)
+    golden = side("golden", args.golden_cmd, args.golden)
     pipeline = LivePipeline(
         golden, target, session=_session(args, options.tokens),
         poll=True if args.poll else None, poll_interval=args.poll_interval,
@@ -78,8 +82,66 @@ def run_main(args: argparse.Namespace) -> int:
     return present(pipeline, args, title)
 
 
+def scan_pipeline(target: Any, args: argparse.Namespace) -> Any:
+    """A pipeline over one side whose session is the anomaly scan (no golden run)."""
+    from layerwatch.engine.live.pipeline import LivePipeline
+    from layerwatch.engine.live.scan_session import ScanSession
+    from layerwatch.engine.scan_report import bounds_from
+
+    return LivePipeline(
+        None, target, session=ScanSession(bounds_from(args)),  # type: ignore[arg-type]
+        poll=True if getattr(args, "poll", False) else None,
+        poll_interval=getattr(args, "poll_interval", 0.25),
+    )  # fmt: skip
+
+
+def dump_scan_main(args: argparse.Namespace) -> int:
+    """``layerwatch dump --scan``: in a terminal, the scan grid as tensors land; otherwise (or
+    with ``--exit-on-anomaly``) the engine's headless live scan (engine/live/scan.py)."""
+    from layerwatch.engine.live import scan as live_scan
+
+    if args.exit_on_anomaly or not interactive():
+        return live_scan.dump_scan_main(args)
+    from layerwatch.capture.launch import CaptureOptions, LaunchSpec
+    from layerwatch.engine.live.side import SideSpec
+    from layerwatch.engine.outcome import check_report_path
+
+    if getattr(args, "format", "layerwatch") != "layerwatch" or args.dumper != "layerwatch":
+        raise LayerwatchError("--scan reads layerwatch dumps: drop --format msit/--dumper msit")
+    cmd = list(args.cmd or [])
+    if not cmd:
+        raise LayerwatchError(
+            "no command given: layerwatch dump --scan --out DIR -- python infer.py ARGS..."
+        )
+    check_report_path(getattr(args, "scan_output", None))
+    out = Path(args.out).absolute()
+    launch = LaunchSpec(
+        " ".join(cmd) if args.shell and len(cmd) == 1 else cmd, out,
+        CaptureOptions.from_args(args), "layerwatch", shell=args.shell,
+    )  # fmt: skip
+    pipeline = scan_pipeline(SideSpec(out, launch), args)
+    args.output, args.json = getattr(args, "scan_output", None), False
+    code = present(pipeline, args, f"layerwatch dump --scan · {_name(cmd[0])} → {out.name}")
+    session = pipeline.session
+    for line in scan_lines(session.report):
+        print(f"layerwatch scan: {line}", flush=True)
+    if args.output:
+        session.export(args.output)
+    return code
+
+
+def scan_lines(report: Any) -> list[str]:
+    from layerwatch.engine.scan_report import summary_lines
+
+    return summary_lines(report)
+
+
 def watch_main(args: argparse.Namespace) -> int:
     from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
+
+    if args.target is None:  # one directory: its anomaly scan as it is written
+        pipeline = scan_pipeline(attach_spec(args.golden, idle_s=args.idle), args)
+        return present(pipeline, args, f"layerwatch watch · scan · {args.golden}")
 
     pipeline = LivePipeline(
         attach_spec(args.golden, idle_s=args.idle), attach_spec(args.target, idle_s=args.idle),
@@ -99,7 +161,7 @@ def open_main(args: argparse.Namespace) -> int:
             raise LayerwatchError(f"{side} dump {path}: no such file or directory")
         resolve(path)  # several msit runs in one directory: refused, as compare does
     if getattr(args, "fake_quant", None):  # three dumps: engine/quantcmp.py
-        if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        if getattr(args, "headless", False) or not interactive():
             from layerwatch.engine.runner import compare_main
 
             return compare_main(args)
@@ -107,13 +169,14 @@ def open_main(args: argparse.Namespace) -> int:
 
         quant_golden, user_thresholds = args.golden, getattr(args, "thresholds", None)
         args = kernel_args(args)  # the grid shows (and colours by) the kernel part
-    if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
-        from layerwatch.engine.cases import dumps_have_cases
+    from layerwatch.engine.cases import dumps_have_cases
 
-        if dumps_have_cases(args.golden, args.target):  # per-case dumps: compare's summary and exit
+    if dumps_have_cases(args.golden, args.target):
+        if getattr(args, "headless", False) or not interactive():
             from layerwatch.engine.runner import compare_main
 
-            return compare_main(args)
+            return compare_main(args)  # per-case dumps: compare's summary and exit
+        return open_cases(args)
     session = _session(args)
     if getattr(args, "fake_quant", None):  # the operator view adds the quantisation part
         session.operator_check = QuantisationLine(
@@ -126,11 +189,26 @@ def open_main(args: argparse.Namespace) -> int:
     return present(pipeline, args, f"layerwatch open · {args.golden} vs {args.target}", live=False)
 
 
+def open_cases(args: argparse.Namespace) -> int:
+    """``layerwatch open`` of per-case dumps in the TUI: the cases list, then a case's grid."""
+    from layerwatch.engine.case_sources import CaseSet
+    from layerwatch.tui.app import run_app
+
+    cases = CaseSet(args.golden, args.target, lambda: _session(args))
+    with interrupt_on_signals():
+        try:
+            return run_app(
+                None, title=f"layerwatch open · {args.golden} vs {args.target}", cases=cases
+            )
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+
 def open_precheck(args: argparse.Namespace) -> int:
     """``layerwatch open DUMP``: the precheck grid in the TUI; headless, ``precheck``'s output."""
     if not Path(args.golden).exists():
         raise LayerwatchError(f"{args.golden}: no such file or directory")
-    if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
+    if getattr(args, "headless", False) or not interactive():
         from layerwatch.engine.precheck import precheck_main
 
         args.dump = args.golden
@@ -146,6 +224,14 @@ def open_precheck(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
     report = source.report
     return 1 if report is not None and (report.failed or report.errors) else 0
+
+
+def interactive() -> bool:
+    """A person is there: a terminal on both ends, or a browser (``layerwatch serve`` runs each
+    connection's app with Textual's web driver, over pipes)."""
+    if "web_driver" in os.environ.get("TEXTUAL_DRIVER", ""):
+        return True
+    return sys.stdout.isatty() and sys.stdin.isatty()
 
 
 def _name(text: str | None) -> str:
@@ -184,7 +270,7 @@ def present(pipeline: Any, args: argparse.Namespace, title: str, *, live: bool =
                 file=sys.stderr,
             )
         else:
-            if sys.stdout.isatty() and sys.stdin.isatty():
+            if interactive():
                 with interrupt_on_signals():
                     try:
                         return run_app(pipeline, title=title)
@@ -236,6 +322,8 @@ def report(pipeline: Any, args: argparse.Namespace, out: TextIO, interrupted: bo
     error = getattr(pipeline, "error", None)
     if error and not interrupted:  # the worker gave up: results may be incomplete
         raise LayerwatchError(error)
+    if getattr(session, "verdict_only", False):  # no golden: the scan's ending
+        return scan_report(pipeline, args, out, interrupted)
     if interrupted and not session.results():
         return EXIT_INTERRUPTED
     code = conclude(
@@ -250,6 +338,35 @@ def report(pipeline: Any, args: argparse.Namespace, out: TextIO, interrupted: bo
         allow_partial=bool(getattr(args, "allow_partial", False)),
     )
     return EXIT_INTERRUPTED if interrupted else code
+
+
+def scan_report(pipeline: Any, args: argparse.Namespace, out: TextIO, interrupted: bool) -> int:
+    """``layerwatch scan``'s summary, report file and exit code for a live scan."""
+    import json
+
+    from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK
+
+    report = pipeline.session.report
+    if interrupted and not report.tensors:
+        return EXIT_INTERRUPTED
+    if not report.tensors and not interrupted:
+        why = "; ".join(pipeline.notes[-3:]) or "no output tensors landed"
+        raise LayerwatchError(f"nothing to scan: {why}")
+    report.notes.extend(pipeline.notes)
+    if getattr(args, "output", None):
+        pipeline.session.export(args.output)
+    if getattr(args, "json", False):
+        out.write(json.dumps(report.to_json(), indent=1) + "\n")
+    elif not getattr(args, "output", None):
+        out.write("\n".join(scan_lines(report)) + "\n")
+    out.flush()
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if report.rows:
+        return EXIT_FINDING
+    if pipeline.failed_commands:
+        raise LayerwatchError("; ".join(pipeline.failed_commands))
+    return EXIT_OK
 
 
 class Printer:

@@ -61,6 +61,8 @@ class GridModel:
         self.metrics: tuple[str, ...] = tuple(metrics)
         self.metric_index = 0
         """Which metric colours the grid (``m`` cycles it)."""
+        self.verdict_only = False
+        """No metric to colour by (the scan grid): cells show their verdict mark."""
         self.blocks: tuple[BlockInfo, ...] = ()
         self.n_tokens = 0
         """Rows in use: the largest token seen + 1."""
@@ -146,7 +148,7 @@ class GridModel:
         self.errors[tokens, blocks] = errors
         self.pairs[tokens, blocks] = np.fromiter((c.pairs for c in cells), np.int32, n)
         self.failed[tokens, blocks] = np.fromiter((c.failed for c in cells), np.int32, n)
-        q = palette.quantise(errors[:, self.metric_index])
+        q = self._quantise(errors[:, self.metric_index])
         self.codes[tokens, blocks] = palette.codes_for(states, q)
         rows = np.unique(tokens)
         self.row_version[rows] += 1
@@ -182,9 +184,15 @@ class GridModel:
         """Colour by another grid metric: recompute every code at once."""
         self.metric_index = index % len(self.metrics)
         rows, cols = self.n_tokens, self.n_blocks
-        q = palette.quantise(self.errors[:rows, :cols, self.metric_index])
+        q = self._quantise(self.errors[:rows, :cols, self.metric_index])
         self.codes[:rows, :cols] = palette.codes_for(self.state[:rows, :cols], q)
         self.version += 1
+
+    def _quantise(self, errors: np.ndarray) -> np.ndarray:
+        q = palette.quantise(errors)
+        if self.verdict_only:
+            q[:] = palette.Q_VERDICT
+        return q
 
     @property
     def metric(self) -> str:

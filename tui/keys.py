@@ -23,7 +23,7 @@ class Action:
     help: str
     """One line for the help screen and the command palette."""
     scope: str
-    """``grid``, ``main``, ``block``, ``operator``, ``help`` or ``app``."""
+    """``grid``, ``main``, ``block``, ``operator``, ``cases``, ``help`` or ``app``."""
     show: bool = True
     key_display: str | None = None
     palette: bool = True
@@ -102,8 +102,19 @@ ACTIONS: tuple[Action, ...] = (
         "spc",
     ),
     Action(
-        "clear_filter", "escape", "clear", "Clear the column filter", "main", False, "esc", False
+        "clear_filter",
+        "escape",
+        "clear",
+        "Clear the column filter (with no filter: back to the cases list)",
+        "main",
+        False,
+        "esc",
+        False,
     ),
+    # The cases list (a dump pair with several cases).
+    Action("open_case", "enter", "open", "Open this case's grid", "cases", True, "⏎", False),
+    Action("next_failure", "n", "next", "Next failing case", "cases"),
+    Action("previous_failure", "N", "prev", "Previous failing case", "cases", False, "N"),
     # Drill-down screens.
     Action(
         "back",
@@ -140,6 +151,7 @@ SCOPE_TITLES = {
     "main": "Grid: finding failures",
     "block": "Block view (operators at one token)",
     "operator": "Operator view",
+    "cases": "Cases list (several prompts in one dump)",
     "app": "Everywhere",
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layerwatch.engine.records import PairResult
-from layerwatch.engine.seam import PairDetail
+from layerwatch.engine.seam import CaseRow, PairDetail
 from textual.message import Message
 
 
@@ -66,4 +66,12 @@ class ExportFinished(Message):
     """``source.export`` returned (in a worker): the path written, or why not."""
 
     path: str
+    error: str = ""
+
+
+@dataclass
+class CasesLoaded(Message):
+    """Every case of a per-case dump pair was compared (or could not be: ``error``)."""
+
+    rows: list[CaseRow]
     error: str = ""

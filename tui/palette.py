@@ -29,6 +29,8 @@ Q_UNKNOWN = 101
 """No value for this metric in this cell."""
 Q_PARTING = 102
 """Not a cell value: the code of the mark on the step where the generated tokens part."""
+Q_VERDICT = 103
+"""No metric at all (the scan grid has no golden): the cell shows its verdict as a mark."""
 N_CODES = CODES_PER_STATE * (max(CellState) + 1)
 
 
@@ -82,6 +84,10 @@ def _digits(q: int) -> str:
 
 
 def _text(state: int, q: int) -> str:
+    if q == Q_VERDICT and state == CellState.PASS:
+        return "  ✓  "
+    if q == Q_VERDICT and state == CellState.FAIL:
+        return "  ✖  "
     if state == CellState.EMPTY:
         return "  ·  "
     if state == CellState.WAITING:
@@ -177,7 +183,7 @@ def _style(scheme: Scheme, state: int, q: int) -> Style:
     if state == CellState.DIVERGED:
         return _on(scheme, scheme.diverged)
     if state == CellState.FAIL:
-        low = q != Q_UNKNOWN and band(q) < 2
+        low = q == Q_VERDICT or (q != Q_UNKNOWN and band(q) < 2)
         return _on(scheme, scheme.fail_bright if low else scheme.fail_dark, bold=True)
     if q == Q_UNKNOWN:
         return Style(color=scheme.muted)
@@ -194,6 +200,18 @@ def scheme_for(color_system: str | None) -> Scheme:
 
 
 # --- legend --------------------------------------------------------------------------------
+def verdict_legend_entries() -> list[tuple[str, str, int]]:
+    """(glyph, meaning, code) for the scan grid: verdicts only, no metric scale."""
+    return [
+        ("✓", "clean", CellState.PASS * CODES_PER_STATE + Q_VERDICT),
+        ("✖", "appears here", CellState.FAIL * CODES_PER_STATE + Q_VERDICT),
+        ("NaN", "NaN/Inf", CellState.NONFINITE * CODES_PER_STATE),
+        ("≠", "carried in", CellState.DIVERGED * CODES_PER_STATE + Q_UNKNOWN),
+        ("…", "landing", CellState.WAITING * CODES_PER_STATE),
+        ("·", "not dumped", CellState.EMPTY * CODES_PER_STATE),
+    ]
+
+
 def legend_entries(metric: str) -> list[tuple[str, str, int]]:
     """(glyph, meaning, code) for the legend: the bands best first, then the states."""
     if metric == COSINE:

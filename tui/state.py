@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from layerwatch.engine.records import COSINE, STAT_METRICS
 from layerwatch.engine.seam import (
     BlockInfo,
     CellUpdate,
@@ -18,6 +19,9 @@ from layerwatch.engine.seam import (
     RunStatus,
     Summary,
 )
+
+STAT_L2 = STAT_METRICS[3]
+"""``l2norm_stat_relative_error``: present on every statistics-only pair."""
 
 
 @dataclass
@@ -44,6 +48,9 @@ class RunState:
     done: bool = False
     notes: list[str] = field(default_factory=list)
     pairs_seen: int = 0
+    stats_only_tokens: set[int] = field(default_factory=set)
+    """Tokens with pairs judged from statistics alone (statistics-first or ``--stats-only``
+    dumps: msit's ``-st`` figures, no cosine): the status line says so."""
 
     def merge(self, batches: Sequence[ResultBatch]) -> Tick:
         tick = Tick()
@@ -53,6 +60,11 @@ class RunState:
                 tick.blocks = batch.blocks
             tick.notes.extend(batch.notes)
             self.pairs_seen += len(batch.pairs)
+            known = len(self.stats_only_tokens)
+            self.stats_only_tokens.update(
+                p.key.token for p in batch.pairs if STAT_L2 in p.metrics and COSINE not in p.metrics
+            )
+            tick.status_changed |= len(self.stats_only_tokens) != known
             before = (self.first_failure, self.root_cause)
             if batch.summary != self.summary or batch.runs or batch.done != self.done:
                 tick.status_changed = True

@@ -104,6 +104,10 @@ class StatusBar(TextLines):
             text.append(f" {why}")
         else:
             text.append(" waiting for tensors from both sides…", style="dim")
+        if state.stats_only_tokens:
+            text.append("\n")
+            text.append(" ≈ statistics only ", style="bold reverse yellow")
+            text.append(" " + wording.stats_only_words(sorted(state.stats_only_tokens)))
         if state.divergence is not None:
             text.append("\n")
             text.append(f" {palette.GLYPH_PARTING} outputs part ", style="bold reverse blue")
@@ -133,6 +137,8 @@ class Legend(TextLines):
         return long if long.cell_len <= width else self._line(long=False)
 
     def _line(self, *, long: bool) -> Text:
+        if self.app.model.verdict_only:
+            return self._verdicts(long=long)
         entries = palette.legend_entries(self._metric)
         name = wording.short(self._metric)
         form = "−log10(1−cos)" if name == "cos" else f"−log10({name})"
@@ -151,4 +157,14 @@ class Legend(TextLines):
             elif i == 6:
                 example = "4=.9999" if name == "cos" else "4=1e-4"
                 text.append(f" {example} ", style="dim")
+        return text
+
+    def _verdicts(self, *, long: bool) -> Text:
+        """The scan grid's legend: verdict marks, no metric scale."""
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append("scan (no golden): " if long else "scan ", style="bold")
+        for glyph, meaning, code in palette.verdict_legend_entries():
+            swatch = f" {glyph} {meaning} " if long else f" {glyph} "
+            text.append(swatch, style=self._styles[code])
+            text.append(" " if long else "")
         return text

@@ -79,12 +79,14 @@ class CellSummary(TextLines):
                 "\n! the first failure" if self.tall else " · ! first failure", style="bold red"
             )
         text.append("\n\n" if self.tall else "\n")
-        for metric, v in info.values.items():
+        scan = self.is_mounted and self.app.model.verdict_only  # no metric: verdicts only
+        for metric, v in {} if scan else info.values.items():
             if self.tall:
                 text.append(f"{wording.short(metric):<10}{wording.value(metric, v)}\n")
             else:
                 text.append(f"{wording.short(metric)} {wording.value(metric, v)}  ")
-        text.append("\n")
+        if not scan or self.tall:
+            text.append("\n")
         bad = [p for p in self.pairs or [] if p.verdict in (Verdict.FAIL, Verdict.ERROR)]
         failing = [p for p in bad if p.key.part == "output"] or bad
         if self.pairs is None:
@@ -98,6 +100,10 @@ class CellSummary(TextLines):
                     text.append(f"  … {len(failing) - 8} more\n", style="dim")
         elif failing:
             text.append("first failing: " + pair_words(failing[0], info.block.node), style="red")
+        if scan and self.tall:
+            carried = sum(p.verdict is Verdict.DIVERGED for p in self.pairs or [])
+            if carried:
+                text.append(f"≠ {carried} carried in by an input\n", style="blue")
         if self.tall and info.pairs:
             text.append("\n⏎ operators of this block", style="dim")
         elif info.pairs and not failing:

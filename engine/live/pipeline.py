@@ -40,7 +40,7 @@ class LivePipeline:
 
     def __init__(
         self,
-        golden: SideSpec,
+        golden: SideSpec | None,
         target: SideSpec,
         *,
         session: CompareSession | None = None,
@@ -51,7 +51,12 @@ class LivePipeline:
         self.sink = QueueSink()
         self.session = session or (session_factory or CompareSession)()
         self.view = self.session
-        self.sides = {"golden": LiveSide("golden", golden), "target": LiveSide("target", target)}
+        self.sides = {
+            name: LiveSide(name, spec)
+            for name, spec in (("golden", golden), ("target", target))
+            if spec is not None
+        }
+        """No golden side: a scan of the target alone (``session`` is then a ScanSession)."""
         self._poll = poll
         self._interval = poll_interval
         self._arrivals: queue.SimpleQueue[Arrival | None] = queue.SimpleQueue()
@@ -114,6 +119,9 @@ class LivePipeline:
         self.session.close()
 
     def export(self, path: str) -> str:
+        own = getattr(self.session, "export", None)  # a ScanSession writes scan's report
+        if own is not None:
+            return str(own(path))
         from layerwatch.engine.outcome import write_report
 
         return write_report(path, self.session)

@@ -312,6 +312,12 @@ class CompareSession(SessionState):
 
         inputs = self.inputs_of(result)  # takes the lock briefly; loading happens without it
         detail = explain(result, self.thresholds, inputs)
+        with self._lock:
+            topology = (self._topo.get("golden"), self._topo.get("target"))
+        detail.weights = findings.weight_rows(*topology, result.key.node)
+        differ = findings.weights_differ(*topology, result.key.node)
+        if differ and not result:  # a failing op that ran with other weights: say it first
+            detail.sentence = f"{differ} · {detail.sentence}" if detail.sentence else differ
         line = self._precheck_line(result)
         if line:
             detail.sentence = f"{detail.sentence} · {line}" if detail.sentence else line

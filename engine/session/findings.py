@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from layerwatch.engine.records import PairResult, TensorKey, Topology, Verdict
+from layerwatch.engine.seam import WeightRow
 
 _UNKNOWN = 1 << 40
 _DIGITS = re.compile(r"(\d+)")
@@ -73,27 +74,43 @@ def _quantised(dtype: str) -> bool:
     return dtype.removeprefix("torch.") in ("int8", "uint8", "int4") or "float8" in dtype
 
 
+def weight_rows(golden: Topology | None, target: Topology | None, node: str) -> list[WeightRow]:
+    """``node``'s direct parameters on both sides (topology.json fingerprints), each marked
+    whether it differs beyond a dtype cast; empty when either side has no fingerprints."""
+    from layerwatch.engine.session.weightmap import prints_agree
+
+    g = golden.nodes.get(node.split("#")[0]) if golden is not None else None
+    t = target.nodes.get(node.split("#")[0]) if target is not None else None
+    if g is None or t is None:
+        return []
+    rows = []
+    for name, gp in g.params.items():
+        tp = t.params.get(name)
+        if tp is None:
+            continue
+        differ = tuple(gp.shape) != tuple(tp.shape) or not prints_agree(gp, tp)
+        rows.append(
+            WeightRow(
+                name, tuple(gp.shape), tuple(tp.shape), gp.dtype, tp.dtype, gp.norm, tp.norm, differ
+            )
+        )
+    return rows
+
+
 def weights_differ(golden: Topology | None, target: Topology | None, node: str) -> str:
     """``weights differ: weight (norm 1.23 vs 1.27)`` when ``node``'s parameter fingerprints
     (topology.json, taken at hook time) disagree beyond a dtype cast; ``""`` when they agree
     or either side has none. A failing operator with different weights is a conversion bug,
     not a kernel bug: the root cause says so.
     """
-    from layerwatch.engine.session.weightmap import prints_agree
-
-    g = golden.nodes.get(node) if golden is not None else None
-    t = target.nodes.get(node) if target is not None else None
-    if g is None or t is None:
-        return ""
     bad = []
-    for name, gp in g.params.items():
-        tp = t.params.get(name)
-        if tp is None:
+    for row in weight_rows(golden, target, node):
+        if not row.differ:
             continue
-        if _quantised(tp.dtype) and not _quantised(gp.dtype):
+        if _quantised(row.target_dtype) and not _quantised(row.golden_dtype):
             continue  # int8/fp8 weights never print like floats: `layerwatch weights` judges them
-        if gp.shape != tp.shape:
-            bad.append(f"{name} (shape {list(gp.shape)} vs {list(tp.shape)})")
-        elif not prints_agree(gp, tp):
-            bad.append(f"{name} (norm {gp.norm:.6g} vs {tp.norm:.6g})")
+        if row.golden_shape != row.target_shape:
+            bad.append(f"{row.name} (shape {list(row.golden_shape)} vs {list(row.target_shape)})")
+        else:
+            bad.append(f"{row.name} (norm {row.golden_norm:.6g} vs {row.target_norm:.6g})")
     return f"weights differ: {', '.join(bad)}" if bad else ""

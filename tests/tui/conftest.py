@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import io
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from layerwatch.tui.app import LayerwatchApp
 from rich.console import Console
 from support.synthetic import KITCHEN_SINK, Scenario, SyntheticSource
+from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import Input, Static
 
@@ -43,3 +46,13 @@ async def wait_until(pilot: Pilot, condition: Callable[[], object], timeout: flo
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await pilot.pause(0.02)
+
+
+def save_shot(app: App[object], name: str, fallback: Path) -> Path:
+    """Save an SVG of the app as it is now: under ``fallback`` (a tmp dir) in a test run, or
+    into ``$LAYERWATCH_SCREENSHOTS`` (``screenshots/``) to refresh the checked-in ones."""
+    where = Path(os.environ.get("LAYERWATCH_SCREENSHOTS") or fallback)
+    where.mkdir(parents=True, exist_ok=True)
+    path = Path(app.save_screenshot(name, str(where)))
+    assert "<svg" in path.read_text(encoding="utf-8")[:2000]
+    return path

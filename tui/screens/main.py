@@ -210,6 +210,8 @@ class MainScreen(Screen[None]):
             bar.remove_class("-shown")
             self._set_filter("")
             self.grid.focus()
+        elif self.app.cases is not None:  # one case of several: back to the cases list
+            self.app.back_to_cases()
 
     def action_export(self) -> None:
         from .export import ExportScreen

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from layerwatch.engine import wording
 from layerwatch.engine.records import PairResult, Verdict
-from layerwatch.engine.seam import BlockInfo, Divergence, PairDetail, SideSummary
+from layerwatch.engine.seam import BlockInfo, Divergence, PairDetail, SideSummary, WeightRow
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -118,6 +118,24 @@ def inputs_table(inputs: list[PairResult]) -> RenderableType:
     return table
 
 
+def weights_table(rows: list[WeightRow]) -> Table:
+    """The op's own parameters on both sides (fingerprints); a differing one in bold red."""
+    table = _table("parameter", "golden", "target", "")
+    for row in rows:
+        style = "bold red" if row.differ else ""
+
+        def side(shape: tuple[int, ...], dtype: str, norm: float) -> str:
+            return f"{list(shape)} {dtype} norm {wording.number(norm)}"
+
+        table.add_row(
+            Text(row.name, style=style),
+            side(row.golden_shape, row.golden_dtype, row.golden_norm),
+            Text(side(row.target_shape, row.target_dtype, row.target_norm), style=style),
+            Text("✖ differ", style="bold red") if row.differ else Text("✔ same", style="green"),
+        )
+    return table
+
+
 def _edge(v: float) -> str:
     """A bin edge: log-spaced bins span many decades, so two significant digits."""
     if v == 0:
@@ -206,6 +224,8 @@ def render_detail(
     if parted is not None and result.is_logits and result.key.token == parted.token:
         dtype = result.target.dtype if result.target else "the target"
         left += [section("where the outputs part"), parting_text(parted, dtype)]
+    if any(row.differ for row in detail.weights):  # a conversion bug, not a kernel bug
+        left += [section("weights differ from the golden's"), weights_table(detail.weights)]
     left += [
         section("golden vs target"),
         sides_table(detail.golden, detail.target),

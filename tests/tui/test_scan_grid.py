@@ -1,0 +1,134 @@
+"""The anomaly scan as a live grid (issue 15 item 1): ``run``/``watch`` without a golden and
+``dump --scan`` in a terminal show scan verdicts as tensors land."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from layerwatch.capture.launch import CaptureOptions, LaunchSpec
+from layerwatch.engine.live.pipeline import attach_spec
+from layerwatch.engine.live.side import SideSpec
+from layerwatch.engine.records import Verdict
+from layerwatch.engine.scan import scan_dump
+from layerwatch.engine.seam import CellState
+from layerwatch.tui.app import LayerwatchApp
+from layerwatch.tui.frontends import scan_pipeline
+from layerwatch.tui.screens.block import BlockScreen
+from layerwatch.tui.screens.operator import OperatorScreen
+from layerwatch.tui.status import Legend
+from textual.widgets import Static
+
+from .conftest import plain_text, save_shot, wait_until
+
+pytest.importorskip("torch")
+
+DEMO = [
+    sys.executable,
+    "-m",
+    "layerwatch.capture.demo",
+    "--dtype",
+    "fp16",
+    "--fault",
+    "softmax_fp16",
+]
+
+
+def _args(**extra: object) -> object:
+    import argparse
+
+    return argparse.Namespace(
+        poll=False, poll_interval=0.25, jump_ratio=None, jump_floor=None, **extra
+    )
+
+
+@pytest.fixture(scope="module")
+def fp16_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo in fp16 with softmax's fault: Inf appears in the attention scores."""
+    out = tmp_path_factory.mktemp("scan") / "dump"
+    subprocess.run([*DEMO, "--new-tokens", "6", "--dump", str(out)], check=True, timeout=180)
+    return out
+
+
+async def test_scan_grid_of_a_finished_dump_matches_layerwatch_scan(
+    fp16_dump: Path, tmp_path: Path
+) -> None:
+    report = scan_dump(str(fp16_dump))
+    first = report.first_failure
+    pipeline = scan_pipeline(attach_spec(str(fp16_dump), idle_s=0, watch=False), _args())
+    app = LayerwatchApp(pipeline, title="layerwatch watch · scan", color_system="truecolor")
+    async with app.run_test(size=(120, 32)) as pilot:
+        await wait_until(pilot, lambda: app.state.done)
+        found = app.state.first_failure
+        assert (found.token, found.node, found.stem) == (
+            first.key.token,
+            first.key.node,
+            first.key.stem,
+        )
+        model = app.model
+        assert model.verdict_only
+        assert model.state[found.token, found.block] == CellState.NONFINITE  # Inf appears
+        states = set(model.state[: model.n_tokens, : model.n_blocks].ravel().tolist())
+        assert CellState.PASS in states and CellState.DIVERGED in states  # clean, carried in
+        s = app.state.summary
+        assert s.failed == sum(1 for r in report.rows if r.status != "propagated")
+        assert s.diverged == sum(1 for r in report.rows if r.status == "propagated")
+        assert "scan (no golden)" in plain_text(app.screen.query_one(Legend), 120)
+        await pilot.press("f")
+        await pilot.pause(0.2)
+        save_shot(app, "grid-scan.svg", tmp_path)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, BlockScreen) and app.screen.rows)
+        rows = app.screen.rows
+        bad = next(i for i, r in enumerate(rows) if r.verdict is Verdict.FAIL)
+        assert rows[bad].key.node == first.key.node
+        app.screen.query_one("DataTable").move_cursor(row=bad)
+        await pilot.press("enter")
+        await wait_until(
+            pilot, lambda: isinstance(app.screen, OperatorScreen) and app.screen.detail
+        )
+        text = plain_text(app.screen.query_one("#detail", Static))
+        assert "scan: inf appears here" in text and "Inf count" in text
+        inputs = text.split("inputs of this operator", 1)[1].split("files", 1)[0]
+        assert "input_0" in inputs and "✔ pass" in inputs and "✖" not in inputs  # clean inputs
+
+
+async def test_scan_grid_fills_while_the_command_runs(tmp_path: Path) -> None:
+    """A launched command: cells arrive in several ticks before it exits (live, not at the end)."""
+    out = tmp_path / "live"
+    launch = LaunchSpec([*DEMO, "--new-tokens", "40"], out, CaptureOptions(), "layerwatch")
+    pipeline = scan_pipeline(SideSpec(out, launch), _args())
+    app = LayerwatchApp(pipeline, title="layerwatch run · scan", color_system="truecolor")
+    child = pipeline.sides["target"].child
+    landed: list[int] = []  # tokens of each batch with cells that came while the child ran
+    on_batch = pipeline.sink.on_batch
+
+    def spy(batch: object) -> None:
+        if batch.cells and child.poll() is None:
+            landed.append(max(c.token for c in batch.cells))
+        on_batch(batch)
+
+    pipeline.sink.on_batch = spy  # type: ignore[method-assign]
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.state.done, timeout=120)
+    assert app.state.first_failure is not None
+    assert len(landed) >= 2 and landed[0] < 39, landed  # cells came while it still ran
+    assert app.model.n_tokens == 40  # the prefill and 39 more steps
+
+
+def _layerwatch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "layerwatch.tui", *args], capture_output=True, text=True, timeout=180
+    )
+
+
+def test_headless_watch_of_one_dir_ends_like_scan(fp16_dump: Path) -> None:
+    scan = _layerwatch("scan", str(fp16_dump), "--json")
+    watch = _layerwatch("watch", str(fp16_dump), "--idle", "0", "--headless", "--json")
+    assert scan.returncode == watch.returncode == 1, watch.stderr
+    a, b = json.loads(scan.stdout), json.loads(watch.stdout)
+    assert a["first_failure"] == b["first_failure"]
+    assert [r["node"] for r in a["rows"]] == [r["node"] for r in b["rows"]]
