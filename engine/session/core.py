@@ -429,6 +429,7 @@ class CompareSession(SessionState):
                 finding.block,
                 finding.block_label,
                 f"{why}: {result.reason}" if result.reason else why,
+                finding.rank,
             )
         return finding
 

@@ -69,6 +69,14 @@ def root_cause(
     return None
 
 
+def _is_shard(whole: tuple[int, ...], part: tuple[int, ...]) -> bool:
+    """``part`` is ``whole`` cut along one dim into equal pieces (``engine/session/ranks.py``)."""
+    if len(whole) != len(part) or whole == part:
+        return False
+    diff = [(a, b) for a, b in zip(whole, part, strict=True) if a != b]
+    return len(diff) == 1 and diff[0][1] > 0 and diff[0][0] % diff[0][1] == 0
+
+
 def weights_differ(golden: Topology | None, target: Topology | None, node: str) -> str:
     """``weights differ: weight (norm 1.23 vs 1.27)`` when ``node``'s parameter fingerprints
     (topology.json, taken at hook time) disagree beyond a dtype cast; ``""`` when they agree
@@ -86,6 +94,8 @@ def weights_differ(golden: Topology | None, target: Topology | None, node: str) 
         tp = t.params.get(name)
         if tp is None:
             continue
+        if _is_shard(gp.shape, tp.shape):
+            continue  # a tensor-parallel rank holds a slice: its fingerprint cannot match the whole
         if gp.shape != tp.shape:
             bad.append(f"{name} (shape {list(gp.shape)} vs {list(tp.shape)})")
         elif not prints_agree(gp, tp):
