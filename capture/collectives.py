@@ -38,6 +38,8 @@ COLLECTIVES = (
     "all_gather_into_tensor",
     "reduce_scatter_tensor",
     "broadcast",
+    "all_gather_single",  # torch 2.13's names of the two above
+    "reduce_scatter_single",
 )
 K_COLLECTIVE = "collective"
 """Index line kind of one collective call (readers that do not know it skip it)."""
@@ -172,7 +174,7 @@ class CollectivePatch:
             outs = _arg(args, kwargs, 0, "tensor_list", None)
             src = _arg(args, kwargs, 1, "tensor", None)
             op = "GATHER"
-        else:  # all_gather_into_tensor / reduce_scatter_tensor(output, input, ...)
+        else:  # all_gather_into_tensor / reduce_scatter_tensor / *_single (output, input, ...)
             outs = _arg(args, kwargs, 0, "output_tensor", None)
             if outs is None:
                 outs = kwargs.get("output")
@@ -181,7 +183,7 @@ class CollectivePatch:
                 src = kwargs.get("input")
             op = (
                 "GATHER"
-                if name == "all_gather_into_tensor"
+                if name.startswith("all_gather")
                 else _op_name(_arg(args, kwargs, 2, "op", "SUM"))
             )
         node = self._node(name)

@@ -38,10 +38,18 @@ from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import Locator, TensorRecord
 
 COLLECTIVES = frozenset(
-    {"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast"}
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        "broadcast",
+    }
 )
 """Node types ``capture/collectives.py`` gives collective calls."""
-PARTIAL_INPUTS = frozenset({"all_reduce", "reduce_scatter_tensor"})
+PARTIAL_INPUTS = frozenset({"all_reduce", "reduce_scatter_tensor", "reduce_scatter_single"})
 
 
 @dataclass(frozen=True)
