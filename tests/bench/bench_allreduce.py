@@ -1,0 +1,134 @@
+"""``layerwatch allreduce`` throughput: MB of all-reduce inputs and outputs checked per second.
+
+    OMP_NUM_THREADS=1 python tests/bench/bench_allreduce.py [--ranks 2] [--calls 32] [--mib 4]
+        [--dtype float32|bfloat16] [--repeat 3]
+
+Writes a synthetic TP dump (``rank{r}/`` in the layerwatch format: raw payloads, index lines of
+type ``all_reduce``, the ``collective`` op lines, manifests with rank and world size) whose
+outputs are the true sums, then times :func:`check_allreduce` against the floor of reading
+the same bytes once (``load_array`` of every payload). Prints the median of each, MB/s and
+their ratio as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from layerwatch.engine.allreduce import check_allreduce, read_ranks
+from layerwatch.engine.readers.load import load_array
+
+
+def write_dump(root: Path, ranks: int, calls: int, elems: int, dtype: str) -> int:
+    """The dump; returns the bytes of every input and output payload."""
+    rng = np.random.default_rng(0)
+    store = np.float32 if dtype == "float32" else np.uint16
+    total = 0
+    for r in range(ranks):
+        (root / f"rank{r}").mkdir()
+    files = {r: open(root / f"rank{r}" / "data.bin", "wb") for r in range(ranks)}  # noqa: SIM115
+    lines: dict[int, list[str]] = {r: [] for r in range(ranks)}
+    offsets = dict.fromkeys(range(ranks), 0)
+    for c in range(calls):
+        inputs = [rng.standard_normal(elems, dtype=np.float32) for _ in range(ranks)]
+        out = np.sum(inputs, axis=0, dtype=np.float64).astype(np.float32)
+        for r in range(ranks):
+            for stem, x in (("input_0", inputs[r]), ("output", out)):
+                raw = x if store is np.float32 else (x.view(np.uint32) >> 16).astype(np.uint16)
+                begin = offsets[r]
+                files[r].write(raw.tobytes())
+                offsets[r] += raw.nbytes
+                total += raw.nbytes
+                line = {
+                    "k": "t",
+                    "token": c // 4,
+                    "node": f"root.layers.{c % 4}.down.all_reduce.0",
+                    "stem": stem,
+                    "type": "all_reduce",
+                    "order": c % 4,
+                    "dtype": dtype,
+                    "shape": [elems],
+                    "file": "data.bin",
+                    "begin": begin,
+                    "end": begin + raw.nbytes,
+                    "stats": None,
+                }
+                lines[r].append(json.dumps(line))
+            lines[r].append(
+                json.dumps(
+                    {
+                        "k": "collective",
+                        "token": c // 4,
+                        "node": f"root.layers.{c % 4}.down.all_reduce.0",
+                        "type": "all_reduce",
+                        "op": "SUM",
+                        "world_size": ranks,
+                        "rank": r,
+                    }
+                )
+            )
+    for r in range(ranks):
+        files[r].close()
+        lines[r].append(json.dumps({"k": "end", "status": "complete"}))
+        (root / f"rank{r}" / "index.jsonl").write_text("\n".join(lines[r]) + "\n")
+        manifest = {"format": "layerwatch", "status": "complete", "rank": r, "world_size": ranks}
+        (root / f"rank{r}" / "manifest.json").write_text(json.dumps(manifest))
+    return total
+
+
+def read_floor(root: Path) -> float:
+    start = time.perf_counter()
+    ranks, _, _ = read_ranks(root)
+    for rank in ranks:
+        for call in rank.calls.values():
+            for loc in (call.inp, call.out):
+                if loc is not None:
+                    load_array(loc, as_float=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=32)
+    parser.add_argument("--mib", type=float, default=4.0, help="MiB per float32 tensor")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    elems = int(args.mib * (1 << 20)) // 4
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        nbytes = write_dump(root, args.ranks, args.calls, elems, args.dtype)
+        check_s, floor_s = [], []
+        for _ in range(args.repeat):
+            floor_s.append(read_floor(root))
+            started = time.perf_counter()
+            report = check_allreduce(root)
+            check_s.append(time.perf_counter() - started)
+            assert report.first_failure is None and len(report.rows) == args.ranks * args.calls
+    check, floor = statistics.median(check_s), statistics.median(floor_s)
+    mb = nbytes / 1e6
+    print(
+        json.dumps(
+            {
+                "ranks": args.ranks,
+                "calls": args.calls,
+                "dtype": args.dtype,
+                "MB": round(mb, 1),
+                "check_s": round(check, 3),
+                "check_MB_per_s": round(mb / check, 1),
+                "read_floor_s": round(floor, 3),
+                "read_MB_per_s": round(mb / floor, 1),
+                "check_over_read": round(check / floor, 2),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
