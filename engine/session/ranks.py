@@ -116,6 +116,18 @@ def world_size(path: str | Path) -> int | None:
     return max(sizes) if sizes else None
 
 
+def spread_for(
+    golden: str | Path, target: str | Path, rules: list[ShardRule] | None = None
+) -> RankSpread | None:
+    """A :class:`RankSpread` when the dumps on disk are a single card against a TP job (the
+    target's manifests say ``world_size`` > 1, the golden's do not); ``None`` otherwise (also
+    while a launched target has written nothing yet: then ranks pair by number)."""
+    t_world = world_size(target)
+    if (t_world or 1) <= 1 or (world_size(golden) or 1) > 1:
+        return None
+    return RankSpread(t_world, rules)
+
+
 def wants_spread(golden: list[TensorRecord], target: list[TensorRecord], world: int | None) -> bool:
     """A golden of one rank (0) against a target of other or several ranks, or of a TP job."""
     g_ranks = {r.key.rank for r in golden}
@@ -129,65 +141,160 @@ def spread_golden(
     world: int | None,
     rules: list[ShardRule] | None = None,
 ) -> tuple[list[TensorRecord], list[TensorRecord], list[str]]:
-    """(golden records per target rank, target records to compare, notes): the module docstring."""
-    rules = rules or []
-    by_name: dict[tuple[int, str, str], TensorRecord] = {
-        (r.key.token, r.key.node, r.key.stem): r for r in golden
-    }
-    golden_nodes = {r.key.node for r in golden}
-    groups: dict[tuple[int, str, str], dict[int, TensorRecord]] = defaultdict(dict)
-    kept: list[TensorRecord] = []
-    dropped = partial = 0
-    reducers = {
-        r.key.node.rsplit(".", 2)[0]: r.node_type for r in target if r.node_type in PARTIAL_INPUTS
-    }
-    for rec in target:
+    """(golden records per target rank, target records to compare, notes) of two finished
+    dumps: the module docstring. The target goes first, so uneven shards see every rank."""
+    spread = RankSpread(world, rules)
+    g_out, t_out = [], []
+    for side, records in (("target", target), ("golden", golden)):
+        got = spread.feed(side, records)
+        g_out += got[0]
+        t_out += got[1]
+    for side in ("golden", "target"):
+        got = spread.finish(side)
+        g_out += got[0]
+        t_out += got[1]
+    return g_out, t_out, spread.take_notes()
+
+
+class RankSpread:
+    """:func:`spread_golden` for records arriving in any order and batches (the live pipeline).
+
+    ``feed(side, records)`` and ``finish(side)`` return ``(golden records, target records)`` to
+    hand to the session now. A golden record waits for the target records of its name; a target
+    collective record waits for the golden's end (does the golden have that node?); a sharded
+    tensor whose slice needs ranks not seen yet waits for them or for the target's end.
+    """
+
+    def __init__(self, world: int | None, rules: list[ShardRule] | None = None) -> None:
+        self.world = world or 1
+        self.rules = rules or []
+        self._golden: dict[Name, TensorRecord] = {}
+        self._golden_nodes: set[str] = set()
+        self._target: dict[Name, dict[int, TensorRecord]] = defaultdict(dict)
+        self._emitted: set[tuple[Name, int]] = set()
+        self._matched: set[Name] = set()
+        self._waiting_collectives: list[TensorRecord] = []
+        self._reducers: dict[str, str] = {}
+        self._done = {"golden": False, "target": False}
+        self._counts = {"sharded": 0, "partial": 0, "dropped": 0}
+        self._notes: list[str] = []
+
+    def feed(self, side: str, records: list[TensorRecord]) -> Batch:
+        g_out: list[TensorRecord] = []
+        t_out: list[TensorRecord] = []
+        if side == "golden":
+            for rec in records:
+                name = _name(rec)
+                self._golden[name] = rec
+                self._golden_nodes.add(rec.key.node)
+                if name in self._target:
+                    g_out += self._views(name, final=self._done["target"])
+                elif self._done["target"]:
+                    g_out.append(rec)  # nothing of the target will pair with it: unpaired
+        else:
+            for rec in records:  # a batch's reductions first: their module may come before
+                if rec.node_type in PARTIAL_INPUTS:
+                    self._reducers[rec.key.node.rsplit(".", 2)[0]] = rec.node_type
+            for rec in records:
+                self._take_target(rec, g_out, t_out)
+        return g_out, t_out
+
+    def finish(self, side: str) -> Batch:
+        """``side`` sends nothing more: release what waited on it."""
+        if self._done[side]:
+            return [], []
+        self._done[side] = True
+        g_out: list[TensorRecord] = []
+        t_out: list[TensorRecord] = []
+        if side == "golden":
+            waiting, self._waiting_collectives = self._waiting_collectives, []
+            for rec in waiting:
+                self._take_target(rec, g_out, t_out)
+        else:
+            for name in list(self._target):
+                if name in self._golden:
+                    g_out += self._views(name, final=True)
+            g_out += [g for name, g in self._golden.items() if name not in self._matched]
+            self._matched.update(self._golden)
+        if all(self._done.values()):
+            self._summarise()
+        return g_out, t_out
+
+    def take_notes(self) -> list[str]:
+        notes, self._notes = self._notes, []
+        return notes
+
+    def _take_target(
+        self, rec: TensorRecord, g_out: list[TensorRecord], t_out: list[TensorRecord]
+    ) -> None:
         kind = rec.node_type
         if kind in COLLECTIVES:
-            if rec.key.node not in golden_nodes:
-                dropped += 1
-                continue
             if kind in PARTIAL_INPUTS and rec.key.stem.startswith("input"):
-                partial += 1
-                continue
-        if rec.key.node in reducers:
-            rec = replace(rec, node_type=f"{rec.node_type}+{reducers[rec.key.node]}")
-        kept.append(rec)
-        groups[(rec.key.token, rec.key.node, rec.key.stem)][rec.key.rank] = rec
-    ranks_seen = {r.key.rank for r in kept}
-    world = max(world or 0, max(ranks_seen, default=0) + 1)
-    out: list[TensorRecord] = []
-    used: set[tuple[int, str, str]] = set()
-    sharded = 0
-    for name, members in groups.items():
-        g = by_name.get(name)
-        if g is None:
-            continue
-        used.add(name)
-        if name[1] in reducers:
-            g = replace(g, node_type=f"{g.node_type}+{reducers[name[1]]}")
+                self._counts["partial"] += 1
+                return
+            if not self._done["golden"]:
+                self._waiting_collectives.append(rec)
+                return
+            if rec.key.node not in self._golden_nodes:
+                self._counts["dropped"] += 1
+                return
+        reducer = self._reducers.get(rec.key.node)
+        if reducer is not None:
+            rec = replace(rec, node_type=f"{rec.node_type}+{reducer}")
+        name = _name(rec)
+        self.world = max(self.world, rec.key.rank + 1)
+        self._target[name][rec.key.rank] = rec
+        t_out.append(rec)
+        if name in self._golden:
+            g_out += self._views(name, final=self._done["target"])
+
+    def _views(self, name: Name, *, final: bool) -> list[TensorRecord]:
+        """The golden views of ``name`` for its target ranks not given one yet."""
+        g = self._golden[name]
+        self._matched.add(name)
+        reducer = self._reducers.get(name[1])
+        if reducer is not None:
+            g = replace(g, node_type=f"{g.node_type}+{reducer}")
+        members = self._target[name]
+        out = []
         for rank, t in members.items():
-            view = _view(g, t, rank, members, world, rules)
-            sharded += view is not g
+            if (name, rank) in self._emitted:
+                continue
+            view = _view(g, t, rank, members, self.world, self.rules)
+            if view is None:
+                if not final:
+                    continue  # its slice depends on ranks not here yet
+                view = g
+            self._emitted.add((name, rank))
+            self._counts["sharded"] += view.shape != g.shape
             out.append(view if view.key.rank == rank else _as_rank(view, rank))
-    out.extend(g for name, g in by_name.items() if name not in used)  # unpaired, as rank 0
-    notes = []
-    if sharded:
-        notes.append(
-            f"target is tensor parallel ({world} ranks): {sharded} sharded tensors compared "
-            "with their slice of the golden"
-        )
-    if partial:
-        notes.append(
-            f"{partial} all-reduce inputs of the target are partial sums: not compared with the "
-            "single-card golden (layerwatch allreduce checks them)"
-        )
-    if dropped:
-        notes.append(
-            f"{dropped} tensors of collective calls the golden does not have were left out "
-            "(layerwatch allreduce checks them)"
-        )
-    return out, kept, notes
+        return out
+
+    def _summarise(self) -> None:
+        counts = self._counts
+        if counts["sharded"]:
+            self._notes.append(
+                f"target is tensor parallel ({self.world} ranks): {counts['sharded']} sharded "
+                "tensors compared with their slice of the golden"
+            )
+        if counts["partial"]:
+            self._notes.append(
+                f"{counts['partial']} all-reduce inputs of the target are partial sums: not "
+                "compared with the single-card golden (layerwatch allreduce checks them)"
+            )
+        if counts["dropped"]:
+            self._notes.append(
+                f"{counts['dropped']} tensors of collective calls the golden does not have were "
+                "left out (layerwatch allreduce checks them)"
+            )
+
+
+Name = tuple[int, str, str]
+Batch = tuple[list[TensorRecord], list[TensorRecord]]
+
+
+def _name(record: TensorRecord) -> Name:
+    return (record.key.token, record.key.node, record.key.stem)
 
 
 def _as_rank(record: TensorRecord, rank: int) -> TensorRecord:
@@ -201,8 +308,9 @@ def _view(
     members: dict[int, TensorRecord],
     world: int,
     rules: list[ShardRule],
-) -> TensorRecord:
-    """The golden record rank ``rank``'s tensor ``t`` is compared with (``g`` or a slice)."""
+) -> TensorRecord | None:
+    """The golden record rank ``rank``'s tensor ``t`` is compared with (``g`` or a slice);
+    ``None`` when the slice depends on ranks not seen yet."""
     gs, ts = tuple(g.shape), tuple(t.shape)
     rule = next((r for r in rules if r.pattern.search(g.key.node)), None)
     if rule is not None:
@@ -223,7 +331,9 @@ def _view(
     ):
         return g
     start = _start(dim, gs[dim], rank, members, world)
-    if start is None or start + ts[dim] > gs[dim]:
+    if start is None:
+        return None if len(members) < world else g
+    if start + ts[dim] > gs[dim]:
         return g
     return _slice(g, dim, start, ts)
 

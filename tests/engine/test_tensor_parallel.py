@@ -158,3 +158,21 @@ def test_missing_and_truncated_ranks_are_named_and_the_rest_compared(
     assert code == 0
     ranks = {(r["rank"], r["token"]) for r in report["rows"]}
     assert (0, 2) in ranks and (1, 0) in ranks and (1, 2) not in ranks
+
+
+def test_open_headless_spreads_the_golden_like_compare(
+    dumps: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``open`` goes through the live pipeline (records in batches, golden first): the same
+    rows as ``compare``."""
+    rows = {}
+    for command in ("compare", "open"):
+        extra = ("--headless",) if command == "open" else ()
+        code, report = _cli(capsys, command, str(dumps["golden"]), str(dumps["allreduce"]), *extra)
+        assert code == 1
+        rows[command] = {
+            (r["token"], r["node"], r["tensor"], r["rank"], r["verdict"]) for r in report["rows"]
+        }
+        first = report["first_failure"]
+        assert (first["token"], first["node"], first["rank"]) == (1, "root.layers.1.down", 1)
+    assert rows["open"] == rows["compare"]

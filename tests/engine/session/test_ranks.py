@@ -120,3 +120,43 @@ def test_same_ranks_on_both_sides_need_no_spreading(tmp_path: Path) -> None:
     assert not wants_spread(two, two, 2)
     one = [_record(tmp_path / "y", x, "root.a")]
     assert not wants_spread(one, one, None)
+
+
+def test_any_arrival_order_gives_the_same_records(tmp_path: Path) -> None:
+    """The live pipeline feeds records in batches, either side first, finishing in either
+    order: the session gets the same golden views and target records as for finished dumps."""
+    import random
+
+    from layerwatch.engine.session.ranks import RankSpread
+
+    full = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
+    golden, target = [], []
+    for token in range(3):
+        for node in ("root.up", "root.norm"):
+            golden.append(_record(tmp_path / f"g{token}{node}", full, node))
+            golden[-1].key = TensorKey(token, node, "output", 0)
+            for r in (0, 1):
+                part = full[:, 3 * r : 3 * r + 3] if node == "root.up" else full
+                target.append(_record(tmp_path / f"t{token}{node}{r}", part, node, r))
+                target[-1].key = TensorKey(token, node, "output", r)
+    want_g, want_t, _ = spread_golden(golden, target, 2)
+
+    def key(records: list[TensorRecord]) -> set[tuple[object, ...]]:
+        return {(r.key, r.shape, r.loc) for r in records}
+
+    for seed in range(5):
+        rng = random.Random(seed)
+        events = [("golden", r) for r in golden] + [("target", r) for r in target]
+        rng.shuffle(events)
+        spread = RankSpread(2)
+        got_g: list[TensorRecord] = []
+        got_t: list[TensorRecord] = []
+        for side, rec in events:
+            g, t = spread.feed(side, [rec])
+            got_g += g
+            got_t += t
+        for side in rng.sample(["golden", "target"], 2):
+            g, t = spread.finish(side)
+            got_g += g
+            got_t += t
+        assert key(got_g) == key(want_g) and key(got_t) == key(want_t)
