@@ -281,6 +281,11 @@ class ResultsView(Protocol):
 
     def inputs_of(self, result: PairResult) -> list[PairResult]: ...
 
+    def rank_cells(self, rank: int | None) -> tuple[tuple[int, ...], list[CellUpdate]]:
+        """(ranks present, every cell as rank ``rank`` alone colours it; ``None``: the worst
+        over all ranks). Walks every result: call it off the UI thread."""
+        ...
+
     def explain(self, result: PairResult) -> PairDetail:
         """Load both tensors again and build the operator view. May take a while: call it off
         the UI thread."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layerwatch.engine.records import PairResult
-from layerwatch.engine.seam import PairDetail
+from layerwatch.engine.seam import CellUpdate, PairDetail
 from textual.message import Message
 
 
@@ -66,4 +66,17 @@ class ExportFinished(Message):
     """``source.export`` returned (in a worker): the path written, or why not."""
 
     path: str
+    error: str = ""
+
+
+@dataclass
+class RankCellsLoaded(Message):
+    """A worker fetched the grid as one rank colours it (``ResultsView.rank_cells``)."""
+
+    rank: int | None
+    """``None``: the worst over all ranks."""
+    ranks: tuple[int, ...]
+    cells: list[CellUpdate]
+    stepped: bool = False
+    """The user asked for the next rank (``r``), not a refresh of the current one."""
     error: str = ""

@@ -12,9 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from layerwatch.capture import DumpConfig, register_hook
+from support import lwdump
 from torch import nn
-
-from tests.support import lwdump
 
 pytestmark = [
     pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed"),
