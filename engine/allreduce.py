@@ -1,12 +1,14 @@
 """``layerwatch allreduce DUMP``: is every rank's all-reduce result the reduction of all inputs?
 
 The tensor-parallel check of msit's ``allreduce.py``: for each all-reduce call (a node of type
-``all_reduce`` at one token, captured on every rank by ``capture/collectives.py``) the golden is
+``all_reduce`` at one token, captured on every rank by ``capture/collectives.py``; or an ATB
+``AllReduce`` operator in each device's folder, read by ``engine/readers/atb.py``) the golden is
 the reduction of all ranks' inputs in float64 (SUM, or MAX/MIN/AVG/PRODUCT as the call's
 ``collective`` index line says), compared with each rank's output under the thresholds of the
 output's dtype (``engine/thresholds.toml``). A rank that is missing, stopped early or made a
 different number of calls is named in one line each (``notes``); every call whose inputs are
-all there is still checked. Nothing checkable at all is unusable input (exit 2).
+all there is still checked. Nothing checkable at all is unusable input (exit 2). Several
+paths (msit's ``--process_0_path --process_1_path``) are one rank each, in the order given.
 """
 
 from __future__ import annotations
@@ -213,30 +215,89 @@ def _read_rank(path: Path, rank: int, notes: list[str]) -> _Rank:
     return state
 
 
-def read_ranks(path: str | Path) -> tuple[list[_Rank], int, list[str]]:
-    """Every rank's all-reduce calls under ``path``, the world size, and one-line notes."""
-    root = Path(path)
-    if not root.exists():
+def _is_allreduce(node_type: str) -> bool:
+    """Our ``all_reduce`` nodes, ATB's ``AllReduceOperation`` (msit's ``AllReduceHcclRunner``
+    dumps), any type naming an all-reduce."""
+    return "allreduce" in node_type.lower().replace("_", "")
+
+
+def _foreign_ranks(path: Path, notes: list[str]) -> list[_Rank]:
+    """All-reduce operators of a dump in another format (ATB ``.bin`` per device, msit,
+    msprobe) through its reader: one rank per rank directory the reader found; SUM."""
+    from layerwatch.engine.readers import open_dump
+
+    update = open_dump(path).poll(None, final=True)
+    notes.extend(update.notes)
+    ranks: dict[int, _Rank] = {}
+    for rec in update.tensors:
+        if not _is_allreduce(rec.node_type) or rec.loc is None:
+            continue
+        state = ranks.setdefault(rec.key.rank, _Rank(path, rec.key.rank, None, "", ended=True))
+        call = state.calls.setdefault((rec.key.token, rec.key.node), _Call())
+        call.order = rec.order
+        state.last_token = max(state.last_token, rec.key.token)
+        stem = rec.key.stem
+        if stem.startswith("input") and (call.inp is None or stem in ("input", "input_0")):
+            call.inp = rec.loc
+        elif stem.startswith("output") and (call.out is None or stem in ("output", "output_0")):
+            call.out, call.dtype = rec.loc, rec.dtype
+    return [ranks[k] for k in sorted(ranks)]
+
+
+def _read_path(path: Path, notes: list[str]) -> tuple[list[_Rank], bool]:
+    """(the ranks under ``path``, whether ``path`` itself is one layerwatch rank directory)."""
+    if not path.exists():
         raise LayerwatchError(f"{path}: no such directory")
-    dirs, single = _rank_dirs(root)
+    dirs, single = _rank_dirs(path)
     if not dirs:
-        raise LayerwatchError(
-            f"{path} holds no layerwatch rank directories (rank0/, rank1/ ... with index.jsonl): "
-            "capture with register_hook or layerwatch dump under torchrun"
-        )
-    notes: list[str] = []
+        from layerwatch.engine.readers import detect
+
+        found = _foreign_ranks(path, notes) if detect(path) is not None else []
+        if not found:
+            raise LayerwatchError(
+                f"{path} holds no all-reduce calls: expected layerwatch rank directories "
+                "(rank0/, rank1/ ... from a torchrun capture) or an ATB dump with AllReduce "
+                "operators (ATB_SAVE_TENSOR_RUNNER=AllReduceHcclRunner)"
+            )
+        return found, False
     index = RankIndex()
     index.assign([d.name for d in dirs])
-    ranks = sorted((_read_rank(d, index(d.name), notes) for d in dirs), key=lambda r: r.rank)
+    return [_read_rank(d, index(d.name), notes) for d in dirs], single
+
+
+def read_ranks(*paths: str | Path) -> tuple[list[_Rank], int, list[str]]:
+    """Every rank's all-reduce calls, the world size, and one-line notes. One path: a dump
+    holding every rank; several (msit's ``--process_0_path --process_1_path``): one rank each,
+    numbered in the order given."""
+    notes: list[str] = []
+    roots = [Path(p) for p in paths]
+    if len(roots) == 1:
+        root = roots[0]
+        ranks, single = _read_path(root, notes)
+    else:
+        ranks, single = [], False
+        for i, path in enumerate(roots):
+            found, _ = _read_path(path, notes)
+            if len(found) != 1:
+                raise LayerwatchError(
+                    f"{path} holds {len(found)} ranks: give one rank directory per path, or "
+                    "the one directory holding them all"
+                )
+            found[0].rank = i
+            ranks += found
+        root = roots[0].parent
+    ranks.sort(key=lambda r: r.rank)
     worlds = {r.world_size for r in ranks if r.world_size is not None}
     world = max(worlds) if worlds else len(ranks)
     if len(worlds) > 1:
         notes.append(f"the ranks disagree on the world size ({sorted(worlds)}); using {world}")
     if single and world > 1:
         raise LayerwatchError(
-            f"{path} is rank {ranks[0].rank} of {world}: the all-reduce check needs every "
+            f"{root} is rank {ranks[0].rank} of {world}: the all-reduce check needs every "
             f"rank's inputs, pass the directory holding all of them ({root.parent})"
         )
+    if world < 2:
+        notes.append(f"{root} holds one rank only: an all-reduce of one rank is a copy")
     present = {r.rank for r in ranks}
     for missing in sorted(set(range(world)) - present):
         notes.append(
@@ -260,14 +321,15 @@ def read_ranks(path: str | Path) -> tuple[list[_Rank], int, list[str]]:
 
 
 # --- checking -------------------------------------------------------------------------------
-def check_allreduce(path: str | Path, thresholds: Any = None) -> AllReduceReport:
-    """Check every all-reduce call of the multi-rank dump at ``path`` (module docstring)."""
+def check_allreduce(path: str | Path | list[str | Path], thresholds: Any = None) -> AllReduceReport:
+    """Check every all-reduce call of the multi-rank dump at ``path`` (or of the rank
+    directories in a list, one rank each: :func:`read_ranks`), as the module docstring says."""
     from layerwatch.engine.numerics.arrays import compare_arrays
     from layerwatch.engine.numerics.thresholds import Thresholds
 
     th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
     started = time.perf_counter()
-    ranks, world, notes = read_ranks(path)
+    ranks, world, notes = read_ranks(*(path if isinstance(path, list) else [path]))
     keys = sorted(
         {k for r in ranks for k in r.calls},
         key=lambda k: (k[0], min(r.calls[k].order for r in ranks if k in r.calls), k[1]),
@@ -415,10 +477,11 @@ def allreduce_main(args: argparse.Namespace) -> int:
     )
 
     check_report_path(args.output)
-    report = check_allreduce(args.dump, getattr(args, "thresholds", None))
+    dumps = list(args.dump)
+    report = check_allreduce(dumps, getattr(args, "thresholds", None))
     if not report.rows:
         why = "; ".join(report.notes) or "no all_reduce nodes in the dump"
-        raise LayerwatchError(f"nothing to check in {args.dump}: {why}")
+        raise LayerwatchError(f"nothing to check in {' '.join(dumps)}: {why}")
     if args.output:
         write_object_report(args.output, report.to_json(), lambda out: write_csv(report, out))
     if args.json:

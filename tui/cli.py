@@ -307,7 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
         " input: exit 1 on a failure",
     )
     allreduce.add_argument(
-        "dump", metavar="DUMP", help="the dump_path of a torchrun capture (rank0/, rank1/ ...)"
+        "dump",
+        metavar="DUMP",
+        nargs="+",
+        help="the dump_path of a torchrun capture (rank0/, rank1/ ...) or an ATB dump; or one"
+        " rank directory per rank, in rank order",
     )
     allreduce.add_argument("--thresholds", metavar="TOML", help="override thresholds")
     add_report_options(allreduce)

@@ -3,9 +3,8 @@
     OMP_NUM_THREADS=1 python tests/bench/bench_allreduce.py [--ranks 2] [--calls 32] [--mib 4]
         [--dtype float32|bfloat16] [--repeat 3]
 
-Writes a synthetic TP dump (``rank{r}/`` in the layerwatch format: raw payloads, index lines of
-type ``all_reduce``, the ``collective`` op lines, manifests with rank and world size) whose
-outputs are the true sums, then times :func:`check_allreduce` against the floor of reading
+Writes a synthetic TP dump (tests/support/tp_dumps.py) whose outputs are the true sums, then
+times :func:`check_allreduce` against the floor of reading
 the same bytes once (``load_array`` of every payload). Prints the median of each, MB/s and
 their ratio as one JSON line.
 """
@@ -15,70 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from layerwatch.engine.allreduce import check_allreduce, read_ranks
 from layerwatch.engine.readers.load import load_array
 
-
-def write_dump(root: Path, ranks: int, calls: int, elems: int, dtype: str) -> int:
-    """The dump; returns the bytes of every input and output payload."""
-    rng = np.random.default_rng(0)
-    store = np.float32 if dtype == "float32" else np.uint16
-    total = 0
-    for r in range(ranks):
-        (root / f"rank{r}").mkdir()
-    files = {r: open(root / f"rank{r}" / "data.bin", "wb") for r in range(ranks)}  # noqa: SIM115
-    lines: dict[int, list[str]] = {r: [] for r in range(ranks)}
-    offsets = dict.fromkeys(range(ranks), 0)
-    for c in range(calls):
-        inputs = [rng.standard_normal(elems, dtype=np.float32) for _ in range(ranks)]
-        out = np.sum(inputs, axis=0, dtype=np.float64).astype(np.float32)
-        for r in range(ranks):
-            for stem, x in (("input_0", inputs[r]), ("output", out)):
-                raw = x if store is np.float32 else (x.view(np.uint32) >> 16).astype(np.uint16)
-                begin = offsets[r]
-                files[r].write(raw.tobytes())
-                offsets[r] += raw.nbytes
-                total += raw.nbytes
-                line = {
-                    "k": "t",
-                    "token": c // 4,
-                    "node": f"root.layers.{c % 4}.down.all_reduce.0",
-                    "stem": stem,
-                    "type": "all_reduce",
-                    "order": c % 4,
-                    "dtype": dtype,
-                    "shape": [elems],
-                    "file": "data.bin",
-                    "begin": begin,
-                    "end": begin + raw.nbytes,
-                    "stats": None,
-                }
-                lines[r].append(json.dumps(line))
-            lines[r].append(
-                json.dumps(
-                    {
-                        "k": "collective",
-                        "token": c // 4,
-                        "node": f"root.layers.{c % 4}.down.all_reduce.0",
-                        "type": "all_reduce",
-                        "op": "SUM",
-                        "world_size": ranks,
-                        "rank": r,
-                    }
-                )
-            )
-    for r in range(ranks):
-        files[r].close()
-        lines[r].append(json.dumps({"k": "end", "status": "complete"}))
-        (root / f"rank{r}" / "index.jsonl").write_text("\n".join(lines[r]) + "\n")
-        manifest = {"format": "layerwatch", "status": "complete", "rank": r, "world_size": ranks}
-        (root / f"rank{r}" / "manifest.json").write_text(json.dumps(manifest))
-    return total
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.tp_dumps import write_allreduce_dump
 
 
 def read_floor(root: Path) -> float:
@@ -103,7 +48,7 @@ def main() -> None:
     elems = int(args.mib * (1 << 20)) // 4
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        nbytes = write_dump(root, args.ranks, args.calls, elems, args.dtype)
+        nbytes = write_allreduce_dump(root, args.ranks, args.calls, elems, args.dtype)
         check_s, floor_s = [], []
         for _ in range(args.repeat):
             floor_s.append(read_floor(root))
