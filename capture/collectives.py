@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,8 @@ COLLECTIVES = (
 K_COLLECTIVE = "collective"
 """Index line kind of one collective call (readers that do not know it skip it)."""
 RANK_DIR_PREFIX = "rank"
+STACK_DEPTH = 64
+"""Frames searched for the module that called a collective (torch's own wrappers sit between)."""
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,16 @@ def _bump(t: Any) -> None:
 class CollectivePatch:
     """The wrappers of one capture: ``install()`` at each root call, ``restore()`` after it."""
 
-    def __init__(self, recorder: Any, info: RankInfo) -> None:
+    def __init__(
+        self, recorder: Any, info: RankInfo, config: Any, names: dict[int, str] | None = None
+    ) -> None:
         self.recorder = recorder
+        self.names = names or {}
+        """``id(module)`` → node name of every module of the hooked model (the caller's name)."""
         self.info = info
+        self.config = config
+        """The capture's ``DumpConfig``: ``layer_name`` globs and ``tensor_part`` apply to
+        collective nodes as to modules (``module_list`` and ``dump_last_logits`` skip them)."""
         self.saved: dict[str, Callable[..., Any]] = {}
         self.wrappers: dict[str, Callable[..., Any]] = {}
         self.inside = False
@@ -187,9 +197,12 @@ class CollectivePatch:
                 else _op_name(_arg(args, kwargs, 2, "op", "SUM"))
             )
         node = self._node(name)
+        config = self.config
+        if config.dump_last_logits or not config.selects(node, None):
+            return fn(*args, **kwargs)
         items: list[Any] = []
         try:
-            if isinstance(src, torch.Tensor):
+            if isinstance(src, torch.Tensor) and config.want_inputs:
                 items.append(self._copy("input_0", src, node, name))
         except Exception as exc:  # capture stops, the collective still runs
             rec.fail(exc)
@@ -197,14 +210,17 @@ class CollectivePatch:
         result = fn(*args, **kwargs)
         if kwargs.get("async_op") and result is not None and hasattr(result, "wait"):
             result.wait()
+        want_out = config.tensor_part in (1, 2)
         try:
             if isinstance(outs, torch.Tensor):
                 _bump(outs)
-                items.append(self._copy("output", outs, node, name))
+                if want_out:
+                    items.append(self._copy("output", outs, node, name))
             elif isinstance(outs, list | tuple):
                 for i, t in enumerate(outs):
                     _bump(t)
-                    items.append(self._copy(f"output_{i}", t, node, name))
+                    if want_out:
+                        items.append(self._copy(f"output_{i}", t, node, name))
             self._hand(node, name, op, items)
         except Exception as exc:
             rec.fail(exc)
@@ -212,13 +228,33 @@ class CollectivePatch:
 
     def _node(self, name: str) -> str:
         """``{innermost hooked module's node}.{collective}.{n}``: n counts this collective's
-        calls in that module at this token (a module's second call is its own node, ``x#1``)."""
+        calls in that module at this token (a module's second call is its own node, ``x#1``).
+        The calling module is the innermost one of the model on the Python stack, whatever the
+        filters select (its node with ``#n`` when its input pre-hook named that call)."""
         rec = self.recorder
-        base = rec.frames[-1][1] if rec.frames else "root"
+        module = self._caller()
+        base = "root" if module is None else self.names[id(module)]
+        for held, node, _ in reversed(rec.frames):
+            if held is module:
+                base = node
+                break
         prefix = f"{base}.{name}"
         n = rec.calls.get(prefix, 0)
         rec.calls[prefix] = n + 1
         return f"{prefix}.{n}"
+
+    def _caller(self) -> Any:
+        """The innermost module of the hooked model whose ``forward`` is on the stack."""
+        frame = sys._getframe(3)
+        names = self.names
+        for _ in range(STACK_DEPTH):
+            if frame is None:
+                return None
+            obj = frame.f_locals.get("self")
+            if obj is not None and id(obj) in names:
+                return obj
+            frame = frame.f_back
+        return None
 
     def _copy(self, stem: str, t: torch.Tensor, node: str, type_: str) -> Any:
         return self.recorder.capture_one(stem, t.detach(), node, type_)

@@ -169,7 +169,8 @@ def register_hook(
     )
     hooks.append(cases.attach(model, marker, already_in_call))  # removed with the hooks
     if ranks is not None:  # collectives are wrapped during each root call (capture/collectives.py)
-        patch = CollectivePatch(recorder, ranks)
+        names = {id(module): name for name, module in named_nodes(model)}
+        patch = CollectivePatch(recorder, ranks, config, names)
         hooks.append(model.register_forward_pre_hook(patch.install))
         hooks.append(model.register_forward_hook(patch.restore, always_call=True))
         hooks.append(_Restore(patch))

@@ -153,3 +153,16 @@ def test_a_plain_process_keeps_the_pid_directory(tmp_path: Path) -> None:
         pass
     assert handle.run_dir is not None and handle.run_dir.name.startswith("cpu_")
     assert "rank" not in json.loads((handle.run_dir / "manifest.json").read_text())
+
+
+def test_filters_apply_to_collective_nodes(group: None, tmp_path: Path) -> None:
+    """``layer_name`` globs select collective nodes by name; ``tensor_part=0`` keeps inputs."""
+    model = Outer()
+    config = DumpConfig(dump_path=tmp_path, layer_name="*all_reduce*", tensor_part=0)
+    with register_hook(model, config), torch.no_grad():
+        model(torch.ones(2, 4))
+    tensors = lwdump.tensors(lwdump.rank_dir(tmp_path))
+    assert {(node, stem) for (_, node, stem) in tensors} == {
+        ("root.block.all_reduce.0", "input_0"),
+        ("root.block.all_reduce.1", "input_0"),
+    }
