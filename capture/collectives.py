@@ -31,19 +31,11 @@ from typing import Any
 
 import torch
 
+from . import format as fmt
 from .handoff import LineItem
 
-COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter_tensor",
-    "broadcast",
-    "all_gather_single",  # torch 2.13's names of the two above
-    "reduce_scatter_single",
-)
-K_COLLECTIVE = "collective"
-"""Index line kind of one collective call (readers that do not know it skip it)."""
+COLLECTIVES = fmt.COLLECTIVE_TYPES
+K_COLLECTIVE = fmt.K_COLLECTIVE
 RANK_DIR_PREFIX = "rank"
 STACK_DEPTH = 64
 """Frames searched for the module that called a collective (torch's own wrappers sit between)."""

@@ -32,7 +32,6 @@ from layerwatch.engine.readers.load import canonical_dtype, load_array
 from layerwatch.engine.records import Locator, Verdict
 
 NODE_TYPE = "all_reduce"
-K_COLLECTIVE = "collective"  # capture/collectives.py's index line (kept torch-free here)
 REDUCE = {
     "SUM": np.add,
     "AVG": np.add,
@@ -209,7 +208,7 @@ def _read_rank(path: Path, rank: int, notes: list[str]) -> _Rank:
                 call.inp = loc
             elif entry.stem.startswith("output"):
                 call.out, call.dtype = loc, dtype
-        elif kind == K_COLLECTIVE and obj.get("type") == NODE_TYPE:
+        elif kind == lwf.K_COLLECTIVE and obj.get("type") == NODE_TYPE:
             key = (int(obj.get("token", -1)), str(obj.get("node", "")))
             state.calls.setdefault(key, _Call()).op = str(obj.get("op") or "SUM").upper()
     return state

@@ -34,22 +34,12 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from layerwatch.capture import format as lwf
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import Locator, TensorRecord
 
-COLLECTIVES = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_gather_single",
-        "reduce_scatter_tensor",
-        "reduce_scatter_single",
-        "broadcast",
-    }
-)
-"""Node types ``capture/collectives.py`` gives collective calls."""
-PARTIAL_INPUTS = frozenset({"all_reduce", "reduce_scatter_tensor", "reduce_scatter_single"})
+COLLECTIVES = frozenset(lwf.COLLECTIVE_TYPES)
+PARTIAL_INPUTS = frozenset(lwf.REDUCTION_TYPES)
 
 
 @dataclass(frozen=True)
