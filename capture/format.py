@@ -62,6 +62,23 @@ K_CASE = "case"
 K_CASE_END = "case_end"
 """Case ``key`` ends before ``token``. Without one, a case ends where the next one begins."""
 
+K_COLLECTIVE = "collective"
+"""A ``torch.distributed`` collective captured as node ``node`` (``capture/collectives.py``):
+``type`` (one of ``COLLECTIVE_TYPES``), ``op`` (``SUM``/``MAX``/``MIN``/``AVG``/``PRODUCT``,
+``GATHER``, ``SRC{r}``), ``world_size``, ``rank``."""
+COLLECTIVE_TYPES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "all_gather_single",  # torch 2.13's names of the two ``*_tensor`` ones
+    "reduce_scatter_single",
+)
+"""Node types of captured collectives: the ``torch.distributed`` function names."""
+REDUCTION_TYPES = ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single")
+"""Collectives whose input on a rank is a partial sum."""
+
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
 

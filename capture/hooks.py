@@ -25,6 +25,7 @@ import torch
 
 from . import cases
 from . import format as fmt
+from .collectives import CollectivePatch, RankInfo, rank_info
 from .config import DumpConfig
 from .errors import LayerwatchError
 from .handoff import LineItem, WeightItem
@@ -127,7 +128,8 @@ def register_hook(
     device = model_device(model)
     if config.device_id is not None and device.type != "cpu" and device.index != config.device_id:
         return HookHandle(None, None, [], None)
-    writer = _make_writer(model, config, device)
+    ranks = rank_info()
+    writer = _make_writer(model, config, device, ranks)
     recorder = Recorder(config, writer.queue, lambda exc: writer.fail(exc, "a capture hook"))
     writer.on_failure.append(recorder.stop)
     if device.type == "cuda":
@@ -166,6 +168,14 @@ def register_hook(
         emit, lambda: recorder.next_token, config.case_keys, partial(setattr, recorder, "paused")
     )
     hooks.append(cases.attach(model, marker, already_in_call))  # removed with the hooks
+    if ranks is not None:  # collectives are wrapped during each root call (capture/collectives.py)
+        names = {id(module): name for name, module in named_nodes(model)}
+        patch = CollectivePatch(recorder, ranks, config, names)
+        hooks.append(model.register_forward_pre_hook(patch.install))
+        hooks.append(model.register_forward_hook(patch.restore, always_call=True))
+        hooks.append(_Restore(patch))
+        if already_in_call:
+            patch.install()
     if config.golden is not None:  # after the capture's hooks: they copy the logits first
         from .follow import Follower
 
@@ -200,7 +210,20 @@ def device_label(device: torch.device) -> str:
     return device.type if device.index is None else f"{device.type}{device.index}"
 
 
-def _make_writer(model: torch.nn.Module, config: DumpConfig, device: torch.device) -> WriterThread:
+class _Restore:
+    """Removing the hooks puts the ``torch.distributed`` functions back (a root call that
+    raised before its forward hook ran would otherwise leave them wrapped)."""
+
+    def __init__(self, patch: CollectivePatch) -> None:
+        self.patch = patch
+
+    def remove(self) -> None:
+        self.patch.restore()
+
+
+def _make_writer(
+    model: torch.nn.Module, config: DumpConfig, device: torch.device, ranks: RankInfo | None
+) -> WriterThread:
     label = device_label(device)
     pid = os.getpid()
     meta = {
@@ -209,6 +232,7 @@ def _make_writer(model: torch.nn.Module, config: DumpConfig, device: torch.devic
         "model": type(model).__name__,
         "torch": torch.__version__,
         "argv": list(sys.argv),
+        **(ranks.describe() if ranks is not None else {}),
     }
     if config.format == "msit":
         from .msit_writer import MsitWriter, msit_run_dir
@@ -216,7 +240,9 @@ def _make_writer(model: torch.nn.Module, config: DumpConfig, device: torch.devic
         return MsitWriter(config, msit_run_dir(config.path, label, pid), model)
     from .writer import LayerwatchWriter
 
-    run_dir = config.path / fmt.rank_dir_name(label, pid)
+    # One directory per rank of a tensor-parallel job (its number, not its pid, says which).
+    name = ranks.dir_name if ranks is not None else fmt.rank_dir_name(label, pid)
+    run_dir = config.path / name
     return LayerwatchWriter(config, run_dir, build_topology(model), meta)
 
 

@@ -265,6 +265,7 @@ class PairResult:
             "token": self.key.token,
             "node": self.key.node,
             "tensor": self.key.stem,
+            "rank": self.key.rank,
             "verdict": self.verdict.value,
             "metrics": dict(self.metrics),
             "reason": self.reason,

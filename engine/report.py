@@ -12,12 +12,12 @@ printed summary; in the CSV the pairs it left unjudged read ``diverged``.
 JSON (``layerwatch compare --json``, ``-o report.json``; keep these names stable)::
 
     {"summary": {"pairs", "pass", "fail", "diverged", "unpaired", "error"},
-     "first_failure": null | {"token", "node", "tensor", "verdict", "failed_metrics", "metrics"},
+     "first_failure": null | {"token", "node", "tensor", "rank", "verdict", "failed_metrics", "metrics"},
      "root_cause": null | (same shape),
      "first_bad_token": int | null,
      "divergence": null | {"token", "golden_id", "target_id", "golden_margin", "near_tie",
                            "not_compared": {"tokens": [int, ...], "pairs": int}},
-     "rows": [{"token", "node", "tensor", "verdict", "metrics", "reason"}, ...]}
+     "rows": [{"token", "node", "tensor", "rank", "verdict", "metrics", "reason"}, ...]}
 
 ``summary.pairs`` counts compared pairs (pass + fail + diverged + error); unpaired tensors are
 counted apart. Non-finite metric values (an infinite relative error) are written as ``null``

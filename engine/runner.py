@@ -46,6 +46,25 @@ def _check_path(path: str, side: str) -> None:
         raise LayerwatchError(f"{side} dump {path}: no such file or directory")
 
 
+def _spread_ranks(updates: dict, args: argparse.Namespace) -> None:
+    """A single-card golden against a tensor-parallel target: the golden per target rank,
+    sharded tensors as their slices (engine/session/ranks.py)."""
+    from layerwatch.engine.session import ranks
+
+    golden, target = updates["golden"], updates["target"]
+    world = ranks.world_size(args.target)
+    if not ranks.wants_spread(golden.tensors, target.tensors, world):
+        return
+    rules = ranks.shard_rules(getattr(args, "map", None))
+    golden.tensors, target.tensors, notes = ranks.spread_golden(
+        golden.tensors, target.tensors, world, rules
+    )
+    target.notes.extend(notes)
+    present = {r.key.rank for r in target.tensors}
+    for missing in sorted(set(range(world or 0)) - present):
+        target.notes.append(f"rank {missing} of {world} has no tensors in {args.target}")
+
+
 def compare_main(args: argparse.Namespace) -> int:
     from layerwatch.capture.tokens import parse_tokens
     from layerwatch.engine.numerics.blas import env_before_numpy
@@ -94,6 +113,7 @@ def compare_main(args: argparse.Namespace) -> int:
         # ~25 ms on a quiet box and cost ~60 ms on a busy one (the records must be pickled
         # back), while each dump parses in ~40 ms per thousand .pth files.
         updates = {side: reader.poll(None, final=True) for side, reader in readers.items()}
+        _spread_ranks(updates, args)
         from layerwatch.engine.cases import compare_cases, conclude_cases, has_cases
 
         if has_cases(*updates.values()):  # several prompts in one dump: case by case

@@ -74,6 +74,8 @@ class Finding:
     block: int = -1
     block_label: str = ""
     reason: str = ""
+    rank: int = 0
+    """The target rank (tensor parallel dumps; 0 for a single process)."""
 
     @classmethod
     def of(cls, result: PairResult, block_label: str = "") -> Finding:
@@ -87,6 +89,7 @@ class Finding:
             result.block,
             block_label,
             result.reason,
+            result.key.rank,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -94,6 +97,7 @@ class Finding:
             "token": self.token,
             "node": self.node,
             "tensor": self.stem,
+            "rank": self.rank,
             "verdict": self.verdict.value,
             "failed_metrics": list(self.failed_metrics),
             "metrics": dict(self.metrics),
@@ -294,6 +298,11 @@ class ResultsView(Protocol):
         ...
 
     def inputs_of(self, result: PairResult) -> list[PairResult]: ...
+
+    def rank_cells(self, rank: int | None) -> tuple[tuple[int, ...], list[CellUpdate]]:
+        """(ranks present, every cell as rank ``rank`` alone colours it; ``None``: the worst
+        over all ranks). Walks every result: call it off the UI thread."""
+        ...
 
     def explain(self, result: PairResult) -> PairDetail:
         """Load both tensors again and build the operator view. May take a while: call it off

@@ -99,6 +99,8 @@ def finding_brief(finding: Finding, blocks: Sequence[BlockInfo]) -> str:
     metric failed."""
     block = blocks[finding.block] if 0 <= finding.block < len(blocks) else None
     parts = [f"token {finding.token}"]
+    if finding.rank:
+        parts.append(f"rank {finding.rank}")
     if block is not None:
         parts.append(block_words(block))
     node = relative_node(finding.node, block)
@@ -175,7 +177,8 @@ def finding_words(finding: Finding, blocks: Sequence[BlockInfo] = ()) -> str:
     part its own field (the stem when it is not ``output``), msit's metric names but ``cos``,
     four significant digits, cosine when no metric failed. :func:`finding_brief` is the TUI's."""
     block = blocks[finding.block] if 0 <= finding.block < len(blocks) else None
-    parts = [f"token {finding.token}", *_where(finding, block)]
+    rank = [f"rank {finding.rank}"] if finding.rank else []
+    parts = [f"token {finding.token}", *rank, *_where(finding, block)]
     if finding.stem != "output":
         parts.append(finding.stem)
     parts.append(_value(finding))

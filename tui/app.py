@@ -78,6 +78,10 @@ class LayerwatchApp(App[int]):
         self.cases = cases
         """Several cases (prompts) in one dump pair: the cases list comes first and ``source``
         is the case whose grid is open."""
+        self.rank: int | None = None
+        """The rank the grid shows (tensor parallel dumps); ``None``: the worst over ranks."""
+        self.ranks: tuple[int, ...] = ()
+        """The ranks seen, once the rank selector asked."""
 
     @property
     def color_system(self) -> str | None:
@@ -139,7 +143,7 @@ class LayerwatchApp(App[int]):
         model = self.model
         if tick.blocks is not None:
             model.set_blocks(tick.blocks)
-        changed = model.apply(tick.cells)
+        changed = model.apply(tick.cells if self.rank is None else [])
         first = self.state.first_failure
         moved = model.set_first_bad(
             (first.token, first.block) if first and first.block >= 0 else None
@@ -148,6 +152,8 @@ class LayerwatchApp(App[int]):
         moved += model.set_parting(parted.token if parted is not None else None)
         if self.main_screen is not None and self.main_screen.is_mounted:
             self.main_screen.apply_tick(tick, changed, moved)
+            if self.rank is not None and tick.cells:  # one rank shown: recolour it off-thread
+                self.main_screen.load_rank(stepped=False)
         for note in tick.notes[:MAX_NOTES_PER_TICK]:
             self.notify(note, timeout=6, markup=False)
 

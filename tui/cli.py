@@ -27,6 +27,7 @@ _HANDLERS: dict[str, str] = {
     "badcase": "layerwatch.engine.badcase:badcase_main",
     "precheck": "layerwatch.engine.precheck:precheck_main",
     "scan": "layerwatch.engine.scan_report:scan_main",
+    "allreduce": "layerwatch.engine.allreduce:allreduce_main",
     "weights": "layerwatch.engine.weights:weights_main",
     "serve": "layerwatch.tui.serve:serve_main",
 }
@@ -330,6 +331,21 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("dump", metavar="DUMP", help="a dump directory (any readable format)")
     add_report_options(scan)
     add_scan_bounds(scan)
+
+    allreduce = sub.add_parser(
+        "allreduce",
+        help="tensor parallel: each rank's all-reduce output vs the reduction of every rank's"
+        " input: exit 1 on a failure",
+    )
+    allreduce.add_argument(
+        "dump",
+        metavar="DUMP",
+        nargs="+",
+        help="the dump_path of a torchrun capture (rank0/, rank1/ ...) or an ATB dump; or one"
+        " rank directory per rank, in rank order",
+    )
+    allreduce.add_argument("--thresholds", metavar="TOML", help="override thresholds")
+    add_report_options(allreduce)
 
     weights = sub.add_parser(
         "weights",

@@ -90,6 +90,14 @@ ACTIONS: tuple[Action, ...] = (
         "filter", "slash", "filter", "Filter columns by name (e.g. 'L1 norm')", "main", True, "/"
     ),
     Action(
+        "cycle_rank",
+        "r",
+        "rank",
+        "Tensor parallel: show one rank (cycles: worst of all ranks, rank 0, rank 1, …)",
+        "main",
+        False,
+    ),
+    Action(
         "export", "e", "export", "Export the report (CSV or JSON, as compare writes it)", "main"
     ),
     Action(

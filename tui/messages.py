@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layerwatch.engine.records import PairResult
-from layerwatch.engine.seam import CaseRow, PairDetail
+from layerwatch.engine.seam import CaseRow, CellUpdate, PairDetail
 from textual.message import Message
 
 
@@ -74,4 +74,17 @@ class CasesLoaded(Message):
     """Every case of a per-case dump pair was compared (or could not be: ``error``)."""
 
     rows: list[CaseRow]
+    error: str = ""
+
+
+@dataclass
+class RankCellsLoaded(Message):
+    """A worker fetched the grid as one rank colours it (``ResultsView.rank_cells``)."""
+
+    rank: int | None
+    """``None``: the worst over all ranks."""
+    ranks: tuple[int, ...]
+    cells: list[CellUpdate]
+    stepped: bool = False
+    """The user asked for the next rank (``r``), not a refresh of the current one."""
     error: str = ""

@@ -35,6 +35,8 @@ class StatusBar(TextLines):
         self._state: RunState | None = None
         self._blocks: Sequence[BlockInfo] = ()
         self._following = True
+        self.rank_text = ""
+        """``rank 1 of 2`` while the rank selector shows one rank of a tensor-parallel run."""
 
     def show(self, state: RunState, blocks: Sequence[BlockInfo], following: bool) -> None:
         self._state, self._blocks, self._following = state, blocks, following
@@ -57,6 +59,8 @@ class StatusBar(TextLines):
             counts.append(f"ERR {s.error} ", style="bold magenta")
         if s.pending:
             counts.append(f"…{s.pending} waiting ")
+        if self.rank_text:
+            counts.append(f"· {self.rank_text} (r) ", style="bold")
         counts.append(
             "· done"
             if state.done

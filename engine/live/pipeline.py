@@ -25,6 +25,7 @@ from pathlib import Path
 from layerwatch.capture.arrivals import Arrival
 from layerwatch.engine.live.gc_tuning import HeapFreezer, settle
 from layerwatch.engine.live.side import LiveSide, SideSpec
+from layerwatch.engine.readers import ReaderUpdate
 from layerwatch.engine.seam import QueueSink, ResultBatch, RunStatus
 from layerwatch.engine.session.core import CompareSession
 
@@ -81,6 +82,11 @@ class LivePipeline:
         process-wide setting, so only a front end that owns the process turns it on (before
         ``start()``)."""
         self._freezer: HeapFreezer | None = None
+        from layerwatch.engine.session.ranks import spread_for
+
+        self._spread = spread_for(golden.dir, target.dir) if golden is not None else None
+        """A single-card golden against a tensor-parallel target: the golden per target rank
+        (engine/session/ranks.py); ``None`` otherwise."""
 
     # --- ComparisonSource ------------------------------------------------------------------
     def start(self) -> None:
@@ -198,14 +204,19 @@ class LivePipeline:
                 updates = side.ingest(by_side.get(name, []))
                 more, finish = side.tick()
                 for update in updates + more:
-                    self.session.add_update(name, update)
+                    for to, part in self._route(name, update):
+                        self.session.add_update(to, part)
                     dirty = True
                 if finish or (side.finished and name not in self._finished_sent):
                     self._finished_sent.add(name)
+                    for to, part in self._route(name, None):
+                        self.session.add_update(to, part)
                     self.session.finish(name)
                     side.stop_watching()
                     dirty = True
                 self._collect(side)
+            if self._spread is not None:  # the target's records released golden ones
+                self._collect(self.sides["golden"])
             if batch:
                 dirty = True
             now = time.monotonic()
@@ -221,6 +232,26 @@ class LivePipeline:
                 if result.done:
                     self.done.set()
                     return
+
+    def _route(self, name: str, update: ReaderUpdate | None) -> list[tuple[str, ReaderUpdate]]:
+        """``update`` of side ``name`` (``None``: that side finished) as the session gets it:
+        itself, or with a TP target the golden per rank (:class:`RankSpread`)."""
+        spread = self._spread
+        if spread is None:
+            return [] if update is None else [(name, update)]
+        if update is None:
+            golden, target = spread.finish(name)
+        else:
+            golden, target = spread.feed(name, update.tensors)
+        parts = {
+            "golden": ReaderUpdate(tensors=golden),
+            "target": ReaderUpdate(tensors=target, notes=spread.take_notes()),
+        }
+        if update is not None:
+            update.tensors = parts[name].tensors
+            update.notes.extend(parts[name].notes)
+            parts[name] = update
+        return [(side, part) for side, part in parts.items() if part]
 
     def _take(self, timeout: float) -> list[Arrival] | None:
         """Up to MAX_BATCH arrivals (waiting at most ``timeout`` for the first); None = stop."""

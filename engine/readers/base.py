@@ -95,15 +95,27 @@ class DirectoryReader:
 
 
 _RANK_DIR = re.compile(r"^([A-Za-z]*)(\d*)_(\d+)$")
+_TP_RANK_DIR = re.compile(r"^rank(\d+)$")
+"""A tensor-parallel process's directory, named by its ``torch.distributed`` rank
+(``capture/collectives.py``)."""
 
 
 def is_rank_dir_name(name: str) -> bool:
-    """``cpu_1234``, ``npu3_77``, ``0_1234`` (ATB: ``{device_id}_{pid}``)."""
-    return _RANK_DIR.match(name) is not None
+    """``cpu_1234``, ``npu3_77``, ``0_1234`` (ATB: ``{device_id}_{pid}``), ``rank3``."""
+    return _RANK_DIR.match(name) is not None or _TP_RANK_DIR.match(name) is not None
+
+
+def tp_rank(name: str) -> int | None:
+    """The rank a ``rank{r}`` directory names, else ``None``."""
+    match = _TP_RANK_DIR.match(name)
+    return int(match.group(1)) if match else None
 
 
 def rank_sort_key(name: str) -> tuple[int, int, str]:
-    """Sort rank directories by device number, then pid (``cpu`` counts as device 0)."""
+    """Sort rank directories by rank, else by device number, then pid (``cpu`` counts as 0)."""
+    rank = tp_rank(name)
+    if rank is not None:
+        return (rank, 0, name)
     match = _RANK_DIR.match(name)
     if match is None:
         return (1 << 30, 0, name)
@@ -122,7 +134,13 @@ class RankIndex:
 
     def assign(self, names: Sequence[str]) -> None:
         for name in sorted((n for n in names if n not in self._ranks), key=rank_sort_key):
-            self._ranks[name] = len(self._ranks)
+            taken = set(self._ranks.values())
+            rank = tp_rank(name)  # ``rank1`` is rank 1 even when rank0 is missing or not given
+            if rank is None or rank in taken:
+                rank = len(self._ranks)
+                while rank in taken:
+                    rank += 1
+            self._ranks[name] = rank
 
     def __call__(self, name: str) -> int:
         if name not in self._ranks:

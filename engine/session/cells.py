@@ -8,6 +8,7 @@ fault that a residual add hides at the layer output (msit measured: layer cos 0.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable
 
 from layerwatch.engine.records import (
@@ -76,3 +77,30 @@ def same_cell(a: CellUpdate | None, b: CellUpdate) -> bool:
     if (a.state, a.pairs, a.failed, a.first_bad) != (b.state, b.pairs, b.failed, b.first_bad):
         return False
     return all(x == y or (x != x and y != y) for x, y in zip(a.worst, b.worst, strict=True))
+
+
+def rank_cells(
+    results: Iterable[PairResult], rank: int, cells: Iterable[tuple[int, int]]
+) -> list[CellUpdate]:
+    """Every cell as rank ``rank`` of a tensor-parallel run alone colours it (the TUI's rank
+    selector; by default a cell is the worst over all ranks). Cells of ``cells`` where this rank
+    has nothing are empty; ``first_bad`` marks this rank's earliest failure."""
+    groups: dict[tuple[int, int], list[PairResult]] = defaultdict(list)
+    first: tuple[tuple[int, int], tuple[int, int]] | None = None
+    for result in results:
+        if result.key.rank != rank or result.block < 0:
+            continue
+        cell = (result.key.token, result.block)
+        groups[cell].append(result)
+        where = (result.key.token, result.order)
+        if is_failure(result) and (first is None or where < first[0]):
+            first = (where, cell)
+    out = [
+        aggregate(t, b, members, first_bad=first is not None and first[1] == (t, b))
+        for (t, b), members in groups.items()
+    ]
+    empty = (math.nan,) * len(GRID_METRICS)
+    out += [
+        CellUpdate(t, b, CellState.EMPTY, empty, 0, 0) for t, b in cells if (t, b) not in groups
+    ]
+    return out

@@ -38,7 +38,7 @@ from layerwatch.engine.seam import (
 )
 from layerwatch.engine.session import findings
 from layerwatch.engine.session.align import align_positions
-from layerwatch.engine.session.cells import aggregate, same_cell
+from layerwatch.engine.session.cells import aggregate, rank_cells, same_cell
 from layerwatch.engine.session.findings import part_of
 from layerwatch.engine.session.jobs import CompareFn, JobRunner, Work, rejudge
 from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
@@ -282,6 +282,16 @@ class CompareSession(SessionState):
             self._refresh_cells(emit=[])
             return dict(self._emitted)
 
+    def rank_cells(self, rank: int | None) -> tuple[tuple[int, ...], list[CellUpdate]]:
+        """(the ranks present, the grid as rank ``rank`` alone colours it; ``None``: the worst
+        over all ranks, the usual grid): the TUI's rank selector for tensor-parallel dumps."""
+        results = self.results()
+        cells = self.cells()
+        ranks = tuple(sorted({r.key.rank for r in results}))
+        if rank is None:
+            return ranks, list(cells.values())
+        return ranks, rank_cells(results, rank, cells)
+
     def block_label(self, block: int) -> str:
         with self._lock:
             blocks = self._layout.blocks
@@ -435,6 +445,7 @@ class CompareSession(SessionState):
                 finding.block,
                 finding.block_label,
                 f"{why}: {result.reason}" if result.reason else why,
+                finding.rank,
             )
         return finding
 

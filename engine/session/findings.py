@@ -97,6 +97,14 @@ def weight_rows(golden: Topology | None, target: Topology | None, node: str) -> 
     return rows
 
 
+def _is_shard(whole: tuple[int, ...], part: tuple[int, ...]) -> bool:
+    """``part`` is ``whole`` cut along one dim into equal pieces (``engine/session/ranks.py``)."""
+    if len(whole) != len(part) or whole == part:
+        return False
+    diff = [(a, b) for a, b in zip(whole, part, strict=True) if a != b]
+    return len(diff) == 1 and diff[0][1] > 0 and diff[0][0] % diff[0][1] == 0
+
+
 def weights_differ(golden: Topology | None, target: Topology | None, node: str) -> str:
     """``weights differ: weight (norm 1.23 vs 1.27)`` when ``node``'s parameter fingerprints
     (topology.json, taken at hook time) disagree beyond a dtype cast; ``""`` when they agree
@@ -109,6 +117,8 @@ def weights_differ(golden: Topology | None, target: Topology | None, node: str) 
             continue
         if _quantised(row.target_dtype) and not _quantised(row.golden_dtype):
             continue  # int8/fp8 weights never print like floats: `layerwatch weights` judges them
+        if _is_shard(row.golden_shape, row.target_shape):
+            continue  # a tensor-parallel rank holds a slice: its fingerprint cannot match the whole
         if row.golden_shape != row.target_shape:
             bad.append(f"{row.name} (shape {list(row.golden_shape)} vs {list(row.target_shape)})")
         else:

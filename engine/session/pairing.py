@@ -17,7 +17,8 @@ Rules file (TOML or JSON), applied in file order with ``re.sub`` to every *targe
     node = 'attention$'           # optional: only for target nodes matching this regex
 
 JSON: ``{"node": [{"pattern": ..., "replace": ...}, ...], "stem": [...]}`` (a rule may also be a
-``[pattern, replace]`` pair). msit's ``op_mapping_file.json`` (or the directory holding it, as
+``[pattern, replace]`` pair). ``[[shard]]`` rules (``pattern``, ``dim``) say how a tensor-parallel
+target's tensors are split (``engine/session/ranks.py``; ignored here). msit's ``op_mapping_file.json`` (or the directory holding it, as
 msit's ``-mf`` takes) is recognised by its shape and used as msit does: by type within zipped
 layers.
 """
@@ -104,14 +105,16 @@ def load_mapping(path: str | Path) -> MappingSpec:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise LayerwatchError(f"mapping file {p} is not valid JSON: {exc}") from None
-    if isinstance(data, dict) and data and not ({"node", "stem"} & set(data)):
+    if isinstance(data, dict) and data and not ({"node", "stem", "shard"} & set(data)):
         return _msit_mapping(data, str(p))
     return _rules(data, str(p))
 
 
 def _rules(data: object, source: str) -> NameRules:
-    if not isinstance(data, dict) or not set(data) <= {"node", "stem"}:
-        raise LayerwatchError(f"mapping file {source}: expected 'node' and/or 'stem' rule lists")
+    if not isinstance(data, dict) or not set(data) <= {"node", "stem", "shard"}:
+        raise LayerwatchError(
+            f"mapping file {source}: expected 'node' and/or 'stem' (and 'shard') rule lists"
+        )
     rules = NameRules(source=source)
     for kind in ("node", "stem"):
         items = data.get(kind, [])

@@ -76,6 +76,8 @@ class BlockScreen(Screen[None]):
         self.token, self.block = token, block
         self.rows: list[PairResult] = []
         self.inputs: dict[int, list[PairResult]] = {}
+        self.ranked = False
+        """The rows come from several ranks of a tensor-parallel run (a rank column)."""
 
     @property
     def block_info(self):
@@ -98,13 +100,15 @@ class BlockScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="block")
     def load(self) -> None:
-        view = self.app.source.view
+        view, rank = self.app.source.view, self.app.rank
         try:
             pairs = view.pairs_in_block(self.token, self.block)
+            if rank is not None:  # the rank the grid shows (tensor parallel)
+                pairs = [p for p in pairs if p.key.rank == rank]
             rows = [p for p in pairs if p.key.part == "output"]
             with_output = {p.key.node for p in rows}
             rows += [p for p in pairs if p.key.node not in with_output]
-            rows.sort(key=lambda p: (p.order, p.key.part != "output", p.key.stem))
+            rows.sort(key=lambda p: (p.order, p.key.part != "output", p.key.stem, p.key.rank))
             inputs = {i: view.inputs_of(p) for i, p in enumerate(rows) if p.key.part == "output"}
         except Exception as exc:  # a drill-down query must never take the app down
             self.post_message(CellPairsLoaded(self.token, self.block, [], error=str(exc)))
@@ -122,6 +126,9 @@ class BlockScreen(Screen[None]):
         table.add_column("", key="mark")
         table.add_column("#", key="order")
         table.add_column("operator", key="node")
+        self.ranked = len({p.key.rank for p in self.rows}) > 1
+        if self.ranked:
+            table.add_column("rank", key="rank")
         table.add_column("verdict", key="verdict")
         table.add_column("inputs", key="inputs")
         for metric in metrics:
@@ -138,6 +145,8 @@ class BlockScreen(Screen[None]):
         bad = [p for p in self.rows if p.verdict in BAD]
         title = Text(no_wrap=True, overflow="ellipsis")
         title.append(f"token {self.token} · {wording.block_words(info)}", style="bold")
+        if self.app.rank is not None:
+            title.append(f" · rank {self.app.rank}", style="bold")
         title.append(f" · {info.node}", style="dim")
         title.append("\n")
         if error:
@@ -181,6 +190,7 @@ class BlockScreen(Screen[None]):
             Text(glyph, style=style),
             str(pair.order),
             Text(node if pair.key.stem == "output" else f"{node} [{pair.key.stem}]"),
+            *([str(pair.key.rank)] if self.ranked else []),
             Text(pair.verdict.value + (" (root cause)" if is_root else ""), style=style),
             inputs_text,
         ]

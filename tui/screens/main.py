@@ -15,7 +15,14 @@ from textual.worker import get_current_worker
 from .. import keys
 from ..grid import LayerGrid
 from ..grid_model import Changed
-from ..messages import CellChosen, CellPairsLoaded, CursorMoved, ExportFinished, FollowChanged
+from ..messages import (
+    CellChosen,
+    CellPairsLoaded,
+    CursorMoved,
+    ExportFinished,
+    FollowChanged,
+    RankCellsLoaded,
+)
 from ..state import Tick
 from ..status import Legend, StatusBar
 from ..summary import CellSummary
@@ -82,7 +89,9 @@ class MainScreen(Screen[None]):
             self.refresh_status()
 
     def refresh_status(self) -> None:
-        self.query_one(StatusBar).show(self.app.state, self.app.model.blocks, self.grid.following)
+        bar = self.query_one(StatusBar)
+        bar.rank_text = self._rank_words()
+        bar.show(self.app.state, self.app.model.blocks, self.grid.following)
 
     def show_cursor_cell(self) -> None:
         grid = self.grid
@@ -106,11 +115,14 @@ class MainScreen(Screen[None]):
         time.sleep(0.05)  # a held arrow key moves on before this fires: skip stale cells
         if get_current_worker().is_cancelled:
             return
+        rank = self.app.rank
         try:
             pairs = self.app.source.view.pairs_in_block(token, block)
         except Exception as exc:  # a drill-down query must never take the app down
             self.post_message(CellPairsLoaded(token, block, [], error=str(exc)))
             return
+        if rank is not None:
+            pairs = [p for p in pairs if p.key.rank == rank]
         self.post_message(CellPairsLoaded(token, block, pairs))
 
     @on(CellPairsLoaded)
@@ -212,6 +224,53 @@ class MainScreen(Screen[None]):
             self.grid.focus()
         elif self.app.cases is not None:  # one case of several: back to the cases list
             self.app.back_to_cases()
+
+    def action_cycle_rank(self) -> None:
+        self.load_rank(stepped=True)
+
+    @work(thread=True, exclusive=True, group="rank")
+    def load_rank(self, stepped: bool) -> None:
+        """The grid as the next rank (``stepped``) or the current one colours it, off the UI
+        thread: it walks every result."""
+        view, rank = self.app.source.view, self.app.rank
+        try:
+            ranks, cells = view.rank_cells(None)
+            if stepped:
+                later = [r for r in ranks if rank is None or r > rank]
+                rank = later[0] if later and len(ranks) > 1 else None
+            if rank is not None:
+                ranks, cells = view.rank_cells(rank)
+        except Exception as exc:  # a drill-down query must never take the app down
+            self.post_message(RankCellsLoaded(rank, (), [], stepped, error=str(exc)))
+            return
+        if get_current_worker().is_cancelled:
+            return
+        self.post_message(RankCellsLoaded(rank, ranks, cells, stepped))
+
+    @on(RankCellsLoaded)
+    def _rank_loaded(self, message: RankCellsLoaded) -> None:
+        if message.error:
+            self.notify(f"Ranks: {message.error}", severity="error", timeout=6, markup=False)
+            return
+        app = self.app
+        if message.stepped and len(message.ranks) <= 1:
+            self.notify("One rank only: nothing to choose.", timeout=3)
+            return
+        if not message.stepped and message.rank != app.rank:
+            return  # the user moved on to another rank meanwhile
+        app.rank, app.ranks = message.rank, message.ranks
+        app.model.apply(message.cells)
+        self.grid.columns_changed()
+        self.refresh_status()
+        self.show_cursor_cell()
+        if message.stepped:
+            self.notify(f"Showing {self._rank_words()} (r: next).", timeout=3)
+
+    def _rank_words(self) -> str:
+        app = self.app
+        if app.rank is None:
+            return f"the worst of {len(app.ranks)} ranks" if len(app.ranks) > 1 else ""
+        return f"rank {app.rank} of {len(app.ranks)}"
 
     def action_export(self) -> None:
         from .export import ExportScreen

@@ -200,6 +200,8 @@ def render_detail(
     bad = result.verdict in (Verdict.FAIL, Verdict.ERROR)
     head = Text()
     head.append(f"token {result.key.token} · ", style="bold")
+    if result.key.rank:  # a tensor-parallel rank (rank 0 and single processes say nothing)
+        head.append(f"rank {result.key.rank} · ", style="bold")
     if block is not None:
         head.append(f"{wording.block_words(block)} · ", style="bold")
     head.append(

@@ -152,13 +152,22 @@ def test_json_shape_is_stable() -> None:
     assert set(report["summary"]) == {"pairs", "pass", "fail", "diverged", "unpaired", "error"}
     s = report["summary"]
     assert s["pairs"] == s["pass"] + s["fail"] + s["diverged"] + s["error"] and s["fail"] > 0
-    finding_keys = {"token", "node", "tensor", "verdict", "failed_metrics", "metrics", "reason"}
+    finding_keys = {
+        "token",
+        "node",
+        "tensor",
+        "rank",
+        "verdict",
+        "failed_metrics",
+        "metrics",
+        "reason",
+    }
     for name in ("first_failure", "root_cause"):
         assert set(report[name]) == finding_keys
     assert report["root_cause"]["node"] == BAD and report["root_cause"]["tensor"] == "output"
     assert report["first_bad_token"] == 0
     assert report["rows"] and all(
-        set(r) == {"token", "node", "tensor", "verdict", "metrics", "reason"}
+        set(r) == {"token", "node", "tensor", "rank", "verdict", "metrics", "reason"}
         for r in report["rows"]
     )
     assert "cosine_similarity" in report["first_failure"]["metrics"]
