@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.metrics import MetricAccumulator
 
 SMALL = 1 << 15
@@ -39,8 +40,13 @@ def small_metrics(
 def small_accumulators(
     pairs: Sequence[tuple[np.ndarray, np.ndarray]], rel_floor: float, *, side_stats: bool = False
 ) -> list[MetricAccumulator]:
-    """One filled accumulator per pair (``result()``, ``side_stats()``)."""
+    """One filled accumulator per pair (``result()``, ``side_stats()``). A process that has the
+    compiled kernel loaded (:mod:`.fused`) measures each pair with it: a call costs ~µs there."""
     accs = [MetricAccumulator(rel_floor, side_stats=side_stats) for _ in pairs]
+    if fused.loaded():
+        for acc, (g, t) in zip(accs, pairs, strict=True):
+            acc.update(g, t)
+        return accs
     live = [i for i, (g, _) in enumerate(pairs) if g.size]
     for i in live:
         g, t = pairs[i]
