@@ -80,6 +80,9 @@ _ENTRY = ctypes.CFUNCTYPE(
 log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
 _STATE: dict[str, Any] = {"kernel": None, "failed": False}
+_ALIVE: list[Kernel] = []
+"""Every kernel loaded, kept for the life of the process: its machine code must outlive any
+function pointer handed out (and LLVM's engines are not torn down while Python exits)."""
 
 
 def disabled() -> bool:
@@ -109,6 +112,7 @@ def load() -> Kernel | None:
         if _STATE["kernel"] is None and not _STATE["failed"]:
             try:
                 _STATE["kernel"] = Kernel()
+                _ALIVE.append(_STATE["kernel"])
             except Exception as exc:  # llvmlite missing, or an LLVM/platform problem
                 log.info("compiled metric kernel unavailable, numpy path: %s", exc)
                 _STATE["failed"] = True
@@ -138,7 +142,6 @@ class Kernel:
             except Exception:  # newer llvmlite initialises itself and may refuse
                 pass
         self._llvm = llvm
-        self._machine = llvm.Target.from_default_triple().create_target_machine()
         cpu = f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
         source = Path(__file__).with_name("fused_kernel.py").read_bytes()
         self._key = hashlib.sha256(source + cpu.encode() + sys.version.encode()).hexdigest()[:16]
@@ -172,7 +175,9 @@ class Kernel:
             info, obj = self._build(golden, target, path, meta)
         for name in info["undefined"]:
             self._llvm.add_symbol(name, self._address_of(name))
-        engine = self._llvm.create_mcjit_compiler(self._llvm.parse_assembly(""), self._machine)
+        # an engine owns its target machine: one each (a shared one is freed twice)
+        machine = self._llvm.Target.from_default_triple().create_target_machine()
+        engine = self._llvm.create_mcjit_compiler(self._llvm.parse_assembly(""), machine)
         engine.add_object_file(self._llvm.ObjectFileRef.from_data(obj))
         engine.finalize_object()
         self._engines.append(engine)
