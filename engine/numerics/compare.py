@@ -104,6 +104,7 @@ def compare_pairs(
     a batch at a time (:mod:`.segments`); their metrics are the same as one at a time.
     """
     results: list[PairResult | None] = [None] * len(items)
+    fused.kernel_for(sum(math.prod(g.shape) for g, _, _ in items if g.loc is not None))
     small: dict[tuple[float, bool], list[int]] = {}
     for i, (golden, target, is_logits) in enumerate(items):
         wanted = side_stats and (golden.stats is None or target.stats is None)
@@ -325,6 +326,7 @@ def tensor_measure(
     additive-mask fill (:func:`mask_fill`), compared as −inf."""
     acc = MetricAccumulator(floor, exact=exact, side_stats=side_stats)
     vocab = int(golden.shape[-1]) if golden.shape else 0
+    fused.kernel_for(math.prod(golden.shape))
     if mask is None and not (logits and vocab) and fused.loaded():
         # the kernel decodes bf16 on the fly: no float32 copy of the chunk
         bits = (yields_bf16_bits(golden), yields_bf16_bits(target))

@@ -198,7 +198,7 @@ class JobRunner:
         """Results in the order of ``work``."""
         total = len(work)
         tasks, inline = self.plan(work)
-        _load_kernel(work, 1 + len(tasks))
+        _load_kernel(work)
         results: list[PairResult | None] = [None] * total
         futures: dict[Future[list[PairResult]] | Forked[list[PairResult]], list[int]] = {}
         for task in tasks:
@@ -310,12 +310,11 @@ def _cost(work: Work) -> float:
     return per_pair + BYTE_COST * work.nbytes
 
 
-def _load_kernel(work: Sequence[Work], processes: int) -> None:
-    """Load the compiled metric kernel here, before any fork, when each process's share is big
-    enough for it to pay (``fused.MIN_ELEMS``): forked children inherit it at no cost."""
+def _load_kernel(work: Sequence[Work]) -> None:
+    """Load the compiled metric kernel here, before any fork, when the work is big enough for
+    it to pay (``fused.MIN_ELEMS``): forked children inherit it at no cost."""
     from layerwatch.engine.numerics import fused
 
     if fused.disabled() or fused.loaded():
         return
-    elems = sum(math.prod(w.golden.shape) for w in work if w.golden.loc is not None)
-    fused.kernel_for(elems // max(processes, 1))
+    fused.kernel_for(sum(math.prod(w.golden.shape) for w in work if w.golden.loc is not None))

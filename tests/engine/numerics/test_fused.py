@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.metrics import MetricAccumulator
+from layerwatch.engine.numerics.statistics import tensor_stats
 from layerwatch.engine.records import (
     COSINE,
     EXACT,
@@ -31,6 +32,7 @@ from layerwatch.engine.records import (
     NAN_MISMATCH,
     NAN_TARGET,
     NORM_REL,
+    Locator,
 )
 
 SUMS_REL = 1e-12
@@ -240,3 +242,26 @@ def test_built_kernel_is_reused_without_numba(tmp_path) -> None:
     assert runs[0].stdout.split() == ["1.0", "True"]  # built here
     assert runs[1].stdout.split() == ["1.0", "False"]  # loaded from the cache
     assert len(list(tmp_path.glob("fused-float32-float32-*.o"))) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32"])
+def test_tensor_stats_through_the_kernel(kernel, monkeypatch, tmp_path, dtype) -> None:
+    """scan's statistics of one tensor: the kernel's side sums equal the numpy pass's."""
+    g, _ = _close(np.float32)
+    g[[3, 9000]] = np.nan
+    g[100] = -np.inf
+    if dtype == "bfloat16":
+        raw = (g.view(np.uint32) >> 16).astype(np.uint16)
+    elif dtype == "int32":
+        raw = (g[np.isfinite(g)] * 1000).astype(np.int32)
+    else:
+        raw = g.astype(dtype)
+    path = tmp_path / "x.bin"
+    raw.tofile(path)
+    loc = Locator(str(path), 0, raw.nbytes, dtype, raw.shape)
+    got = tensor_stats(loc)
+    monkeypatch.setenv("LAYERWATCH_NO_NUMBA", "1")
+    want = tensor_stats(loc)
+    assert (got.nan, got.inf, got.max, got.min) == (want.nan, want.inf, want.max, want.min)
+    assert math.isclose(got.mean, want.mean, rel_tol=SUMS_REL, abs_tol=1e-15)
+    assert math.isclose(got.norm, want.norm, rel_tol=SUMS_REL)
