@@ -111,8 +111,9 @@ def load() -> Kernel | None:
     with _LOCK:
         if _STATE["kernel"] is None and not _STATE["failed"]:
             try:
-                _STATE["kernel"] = Kernel()
-                _ALIVE.append(_STATE["kernel"])
+                kernel = Kernel()
+                _ALIVE.append(kernel)
+                _STATE["kernel"] = kernel
             except Exception as exc:  # llvmlite missing, or an LLVM/platform problem
                 log.info("compiled metric kernel unavailable, numpy path: %s", exc)
                 _STATE["failed"] = True
@@ -210,10 +211,10 @@ class Kernel:
         reach (the kernel allocates nothing and raises nothing), get a harmless stub."""
         if name.lstrip("_").startswith("Py"):
             try:
-                return int(ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value)
+                return int(ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value or 0)
             except (AttributeError, TypeError):
                 pass
-        return int(ctypes.cast(_STUB, ctypes.c_void_p).value)
+        return int(ctypes.cast(_STUB, ctypes.c_void_p).value or 0)
 
     def work(self) -> np.ndarray:
         """This thread's scratch buffer."""

@@ -35,7 +35,7 @@ def _block(src, kind, start, stop, buf):  # pragma: no cover - replaced by the o
     raise NotImplementedError
 
 
-@overload(_block, jit_options={"cache": True})
+@overload(_block, jit_options={"cache": True})  # type: ignore[typeddict-unknown-key]
 def _block_impl(src, kind, start, stop, buf):  # pragma: no cover - compiled
     """The block ``src[start:stop]`` as something indexable: uint16 bits decoded into ``buf``
     (float32: bf16 and fp16 are exact there), any other dtype a view of ``src``."""
@@ -302,7 +302,7 @@ def build(golden: str, target: str) -> tuple[str, bytes, list[str]]:
         )
 
     compiled = numba.cfunc(sig, error_model="numpy")(entry)
-    obj = compiled._library.serialize_using_object_code()[2][0]
+    obj = compiled._library.serialize_using_object_code()[2][0]  # type: ignore[attr-defined]
     symbol = compiled.native_name
     return symbol, bytes(obj), _undefined(obj)
 
