@@ -19,8 +19,10 @@ from dataclasses import astuple
 import numpy as np
 import pytest
 from layerwatch.engine.numerics import fused
+from layerwatch.engine.numerics.compare import compare_pairs
 from layerwatch.engine.numerics.metrics import MetricAccumulator
 from layerwatch.engine.numerics.statistics import tensor_stats
+from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.records import (
     COSINE,
     EXACT,
@@ -33,6 +35,8 @@ from layerwatch.engine.records import (
     NAN_TARGET,
     NORM_REL,
     Locator,
+    TensorKey,
+    TensorRecord,
 )
 
 SUMS_REL = 1e-12
@@ -265,3 +269,31 @@ def test_tensor_stats_through_the_kernel(kernel, monkeypatch, tmp_path, dtype) -
     assert (got.nan, got.inf, got.max, got.min) == (want.nan, want.inf, want.max, want.min)
     assert math.isclose(got.mean, want.mean, rel_tol=SUMS_REL, abs_tol=1e-15)
     assert math.isclose(got.norm, want.norm, rel_tol=SUMS_REL)
+
+
+def _record(path, raw: np.ndarray, dtype: str, stem: str) -> TensorRecord:
+    raw.tofile(path)
+    loc = Locator(str(path), 0, raw.nbytes, dtype, raw.shape)
+    return TensorRecord(TensorKey(0, "root.mlp", stem), dtype, raw.shape, loc)
+
+
+def test_compare_pairs_read_bf16_bits_and_batch_small_pairs(kernel, monkeypatch, tmp_path) -> None:
+    """The dump path: a bf16 target streamed as its bits, small pairs measured one call each;
+    the same metrics and side statistics as the numpy path (reader-decoded, segment batches)."""
+    items = []
+    for i, n in enumerate((N * 11, 300, 5000)):
+        g, t = _close(np.float32, n=n)
+        t[7] = np.inf
+        bits = (t.view(np.uint32) >> 16).astype(np.uint16)
+        stem = f"output.{i}"
+        golden = _record(tmp_path / f"g{i}.bin", g, "float32", stem)
+        items.append((golden, _record(tmp_path / f"t{i}.bin", bits, "bfloat16", stem), False))
+    got = compare_pairs(items, Thresholds.default(), side_stats=True)
+    monkeypatch.setenv("LAYERWATCH_NO_NUMBA", "1")
+    want = compare_pairs(items, Thresholds.default(), side_stats=True)
+    for a, b in zip(got, want, strict=True):
+        assert a.verdict == b.verdict and a.failed == b.failed
+        _same(
+            (a.metrics, (a.golden_stats, a.target_stats)),
+            (b.metrics, (b.golden_stats, b.target_stats)),
+        )
