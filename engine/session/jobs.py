@@ -43,6 +43,8 @@ BYTE_COST = 0.8e-9
 """... plus per byte of golden + target payload (≈ 4 ns per fp32/bf16 element pair). Checked
 on the bench dumps: (a) 868 pairs, 490 MB → 0.45 s estimated, 0.47 s measured; (b) 904 small
 pairs → 50 ms, 55 ms."""
+FUSED_BYTE_COST = 0.4e-9
+"""... per byte once the compiled kernel is loaded (``numerics/fused.py``; (a): 0.2 s)."""
 
 T = TypeVar("T")
 CompareFn = Callable[..., PairResult]
@@ -197,8 +199,8 @@ class JobRunner:
     ) -> list[PairResult]:
         """Results in the order of ``work``."""
         total = len(work)
-        tasks, inline = self.plan(work)
         _load_kernel(work)
+        tasks, inline = self.plan(work)
         results: list[PairResult | None] = [None] * total
         futures: dict[Future[list[PairResult]] | Forked[list[PairResult]], list[int]] = {}
         for task in tasks:
@@ -304,10 +306,12 @@ def _cost(work: Work) -> float:
     """Estimated seconds to compare one pair (for the decision and for balancing shares)."""
     from layerwatch.engine.numerics.segments import SMALL
 
+    from layerwatch.engine.numerics import fused
+
     golden = work.golden
     size = math.prod(golden.shape) if golden.loc is not None else 0
     per_pair = SMALL_PAIR_COST if 0 < size <= SMALL and not work.is_logits else PAIR_COST
-    return per_pair + BYTE_COST * work.nbytes
+    return per_pair + (FUSED_BYTE_COST if fused.loaded() else BYTE_COST) * work.nbytes
 
 
 def _load_kernel(work: Sequence[Work]) -> None:
