@@ -99,7 +99,7 @@ class MetricAccumulator:
         self.gg = self.tt = self.gt = self.dd = 0.0
         self.max_abs = self.sum_abs = self.max_rel = self.sum_rel = 0.0
         self.c1 = self.c5 = 0
-        self._totals: tuple[np.ndarray, np.ndarray] | None = None
+        self._totals: fused.Totals | None = None
         """The compiled kernel's running sums, folded into the fields above by :meth:`_fold`."""
 
     # -- feeding -------------------------------------------------------------------------
@@ -256,32 +256,33 @@ class MetricAccumulator:
         """Add the kernel's running sums (if any) to the fields the numpy path fills."""
         if self._totals is None:
             return
-        f, k = self._totals
+        f = self._totals.f.tolist()
+        k = self._totals.k.tolist()
         self._totals = None
-        self.gg += float(f[fused.F_GG])
-        self.tt += float(f[fused.F_TT])
-        self.gt += float(f[fused.F_GT])
-        self.dd += float(f[fused.F_DD])
-        self.sum_abs += float(f[fused.F_SUM_ABS])
-        self.max_abs = max(self.max_abs, float(f[fused.F_MAX_ABS]))
-        self.sum_rel += float(f[fused.F_SUM_REL])
-        self.max_rel = max(self.max_rel, float(f[fused.F_MAX_REL]))
-        self.n_finite += int(k[fused.I_FINITE])
-        self.c1 += int(k[fused.I_C1])
-        self.c5 += int(k[fused.I_C5])
-        self.nan_g += int(k[fused.I_NAN_G])
-        self.nan_t += int(k[fused.I_NAN_T])
-        self.inf_g += int(k[fused.I_INF_G])
-        self.inf_t += int(k[fused.I_INF_T])
-        self.mismatch += int(k[fused.I_MISMATCH])
-        self.equal += int(k[fused.I_EQUAL])
+        self.gg += f[fused.F_GG]
+        self.tt += f[fused.F_TT]
+        self.gt += f[fused.F_GT]
+        self.dd += f[fused.F_DD]
+        self.sum_abs += f[fused.F_SUM_ABS]
+        self.max_abs = max(self.max_abs, f[fused.F_MAX_ABS])
+        self.sum_rel += f[fused.F_SUM_REL]
+        self.max_rel = max(self.max_rel, f[fused.F_MAX_REL])
+        self.n_finite += k[fused.I_FINITE]
+        self.c1 += k[fused.I_C1]
+        self.c5 += k[fused.I_C5]
+        self.nan_g += k[fused.I_NAN_G]
+        self.nan_t += k[fused.I_NAN_T]
+        self.inf_g += k[fused.I_INF_G]
+        self.inf_t += k[fused.I_INF_T]
+        self.mismatch += k[fused.I_MISMATCH]
+        self.equal += k[fused.I_EQUAL]
         if self.sides is not None:
             for side, cols, count in (
                 (self.sides[0], fused.GOLDEN_SIDE, fused.I_G_COUNT),
                 (self.sides[1], fused.TARGET_SIDE, fused.I_T_COUNT),
             ):
-                high, low, total, sq = (float(f[c]) for c in cols)
-                side.add_sums(high, low, total, sq, int(k[count]))
+                high, low, total, sq = (f[c] for c in cols)
+                side.add_sums(high, low, total, sq, k[count])
 
     def side_stats(self) -> tuple[Stats, Stats]:
         """(golden, target) statistics over each side's finite elements (``side_stats=True``)."""

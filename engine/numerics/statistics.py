@@ -97,11 +97,11 @@ def _kernel_stats(kernel: fused.Kernel, loc: Locator, chunk_elems: int) -> Stats
             kernel, chunk, chunk, totals, kinds=(kind, kind), floor=1.0, exact=False, sides=True
         ):
             return None
-    f, k = totals
+    f, k = totals.f.tolist(), totals.k.tolist()
     side = SideStats()
-    high, low, total, sq = (float(f[c]) for c in fused.GOLDEN_SIDE)
-    side.add_sums(high, low, total, sq, int(k[fused.I_G_COUNT]))
-    return side.stats(int(k[fused.I_NAN_G]), int(k[fused.I_INF_G]))
+    high, low, total, sq = (f[c] for c in fused.GOLDEN_SIDE)
+    side.add_sums(high, low, total, sq, k[fused.I_G_COUNT])
+    return side.stats(k[fused.I_NAN_G], k[fused.I_INF_G])
 
 
 def stats_of(record: TensorRecord, side: str, chunk_elems: int) -> Stats:

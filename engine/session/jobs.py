@@ -304,9 +304,8 @@ class JobRunner:
 
 def _cost(work: Work) -> float:
     """Estimated seconds to compare one pair (for the decision and for balancing shares)."""
-    from layerwatch.engine.numerics.segments import SMALL
-
     from layerwatch.engine.numerics import fused
+    from layerwatch.engine.numerics.segments import SMALL
 
     golden = work.golden
     size = math.prod(golden.shape) if golden.loc is not None else 0
