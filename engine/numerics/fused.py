@@ -13,8 +13,8 @@ compare. So numba is used only to *build* the kernel: one C entry point per (gol
 dtype pair, compiled once (~3 s) and written as object code to :func:`cache_dir`. Every later
 process loads that object code with llvmlite alone (~35 ms, no numba import) and calls it
 through ctypes (which also releases the GIL). A process takes the kernel only for a compare of
-at least :data:`MIN_ELEMS` elements (:func:`kernel_for`); then every later pair, small ones
-included, uses it. ``LAYERWATCH_NO_NUMBA=1``, a missing numba/llvmlite or a failed build keeps
+at least :data:`MIN_ELEMS` elements (:func:`kernel_for`); then every later pair uses it, but
+for the smallest (``segments.KERNEL_FROM``). ``LAYERWATCH_NO_NUMBA=1``, a missing numba/llvmlite or a failed build keeps
 the numpy path, which gives the same metrics (``tests/engine/numerics/test_fused.py``).
 """
 
