@@ -49,9 +49,21 @@ def config_from_settings(settings: dict[str, Any]) -> DumpConfig:
     )
 
 
-def install(settings: dict[str, Any]) -> AutoHook:
-    """Seed if asked (before the program builds its model), then wait for the root's first call."""
+def install(settings: dict[str, Any]) -> Any:
+    """Seed if asked (before the program builds its model), then wait for the root's first call.
+
+    ``settings["entry"]`` (``"module:function"``) hands the process to another installer
+    instead of capture — the launcher's way to run a front end's own in-process part (e.g.
+    ``precheck --replay``) through this same bootstrap; capture itself imports nothing of it."""
     global _active
+    entry = settings.get("entry")
+    if entry:
+        from importlib import import_module
+
+        if settings.get("seed") is not None:
+            seed_all(int(settings["seed"]))
+        module_name, _, func = str(entry).partition(":")
+        return getattr(import_module(module_name), func)(settings)
     if _active is None:
         config = config_from_settings(settings)
         if settings.get("seed") is not None:

@@ -64,6 +64,8 @@ class CaptureOptions:
     cases: tuple[str, ...] | None = None
     """Capture only these cases (``dump --cases FILE``), read here first."""
     weights: bool = False
+    entry: str | None = None
+    """``module:function`` the child's bootstrap calls instead of capture (capture/autohook.py)."""
 
     @classmethod
     def from_args(cls, args: object) -> CaptureOptions:
@@ -110,6 +112,7 @@ class CaptureOptions:
             "cases": None if self.cases is None else list(self.cases),
             "dump_weight": self.weights,
             "capture_pkg": str(Path(__file__).resolve().parent),
+            "entry": self.entry,
         }
 
     def msit_flags(self) -> list[str]:

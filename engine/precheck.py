@@ -484,7 +484,11 @@ def summary_line(report: PrecheckReport) -> str:
 
 
 def precheck_main(args: Any) -> int:
-    """The ``layerwatch precheck`` command."""
+    """The ``layerwatch precheck DUMP`` command (``--replay`` goes to engine/replay.py)."""
+    if not getattr(args, "dump", None):
+        raise LayerwatchError("no dump given: layerwatch precheck DUMP, or --replay -- COMMAND")
+    if getattr(args, "cmd", None):
+        raise LayerwatchError(f"unexpected arguments {args.cmd}: a command needs --replay")
     output = getattr(args, "output", None)
     check_report_path(output)
     tokens = None

@@ -67,16 +67,10 @@ def compare_main(args: argparse.Namespace) -> int:
     if is_logits_pair(args.golden, args.target):  # msit logitscmp folders: per-case logits
         return compare_logits_main(args)
     check_report_path(getattr(args, "output", None))
-    progress = _Progress()
-    progress.say("layerwatch compare: reading dumps", force=True)
-    readers = {
-        "golden": open_dump(args.golden, side="golden"),
-        "target": open_dump(args.target, side="target"),
-    }
 
-    def make_session() -> CompareSession:
+    def make_session(thresholds: object = None) -> CompareSession:
         return CompareSession(
-            thresholds=getattr(args, "thresholds", None),
+            thresholds=thresholds or getattr(args, "thresholds", None),
             mapping=getattr(args, "map", None),
             tokens=tokens,
             jobs=jobs,
@@ -84,6 +78,16 @@ def compare_main(args: argparse.Namespace) -> int:
             side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
         )
 
+    if getattr(args, "fake_quant", None):  # three dumps: quantisation vs kernel error
+        from layerwatch.engine.quantcmp import quant_compare_main
+
+        return quant_compare_main(args, make_session)
+    progress = _Progress()
+    progress.say("layerwatch compare: reading dumps", force=True)
+    readers = {
+        "golden": open_dump(args.golden, side="golden"),
+        "target": open_dump(args.target, side="target"),
+    }
     session = make_session()
     try:
         # Parsed here, one after the other: a second process parsing one dump in parallel saved

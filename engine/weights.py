@@ -9,9 +9,12 @@ norm and mean to 1 %: a renamed tensor); what stays unmatched is listed.
 Quantised targets are dequantised first, msit's rule: an int8 ``X.weight`` with
 ``X.weight_scale`` (one value, or one per output channel) and an optional ``X.weight_offset``
 becomes ``(w − offset) · scale``; a float8 ``X.weight`` with ``X.weight_scale`` becomes
-``w · scale``. The pair is then judged by the metrics of engine/numerics/metrics.py against
+``w · scale``; a float8 ``X.weight`` with a block-wise ``X.weight_scale_inv`` (Hugging Face's
+fp8 checkpoints: one factor per 128 × 128 tile, or ``weight_block_size`` in ``config.json``)
+becomes ``w · scale_inv`` tile by tile. The pair is then judged by the metrics of engine/numerics/metrics.py against
 the ``[weights.<kind>]`` limits of engine/thresholds.toml, ``kind`` being how the target was
-made: ``exact`` (same dtype), ``fp16``/``bf16`` (a cast), ``int8``, ``fp8``.
+made: ``exact`` (same dtype), ``fp16``/``bf16`` (a cast), ``int8``, ``fp8``; ``--thresholds
+FILE`` overrides those tables as it overrides compare's.
 
 One tensor pair is in memory at a time. Exit codes: 0 all pass, 1 a failure, 2 unusable input.
 """
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +38,10 @@ from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, 
 from layerwatch.engine.readers.checkpoints import WeightEntry, WeightSet, open_weights
 
 PREFIXES = ("_orig_mod.", "module.", "model.", "root.")
-SCALE_SUFFIXES = ("_scale", "_offset")
+SCALE_SUFFIXES = ("_scale", "_offset", "_scale_inv")
+BLOCK = 128
+"""Hugging Face block-wise fp8 (DeepSeek-V3, Qwen3-FP8): one ``weight_scale_inv`` per 128 × 128
+block unless ``config.json``'s ``quantization_config.weight_block_size`` says otherwise."""
 GATES = ("cosine_similarity", "relative_euclidean_distance", "norm_relative_error")
 PASS, FAIL, ERROR = "pass", "fail", "error"
 
@@ -50,12 +58,12 @@ def strip_prefixes(name: str) -> str:
     return name
 
 
-def weight_limits() -> dict[str, dict[str, float]]:
-    """The ``[weights.<kind>]`` tables of the packaged thresholds.toml."""
-    from layerwatch.engine.numerics.thresholds import _default_raw
+def weight_limits(thresholds: str | None = None) -> dict[str, dict[str, float]]:
+    """The ``[weights.<kind>]`` tables of the packaged thresholds.toml, overlaid with the user's
+    ``--thresholds`` file (validated and merged by engine/numerics/thresholds.py, like compare's)."""
+    from layerwatch.engine.numerics.thresholds import Thresholds
 
-    raw = _default_raw().get("weights", {})
-    return {kind: {m: float(v) for m, v in table.items()} for kind, table in raw.items()}
+    return Thresholds.load(thresholds).weights
 
 
 @dataclass(slots=True)
@@ -135,6 +143,12 @@ def _quant_parts(target: WeightSet) -> set[str]:
         for suffix in SCALE_SUFFIXES:
             if name.endswith(suffix) and name[: -len(suffix)] in target.entries:
                 parts.add(name)
+        # fp8 checkpoints carry the activation scale of a quantised Linear beside its weight
+        if (
+            name.endswith(".input_scale")
+            and name[: -len("input_scale")] + "weight" in target.entries
+        ):
+            parts.add(name)
     return parts
 
 
@@ -230,17 +244,60 @@ def _target_values(target: WeightSet, name: str) -> np.ndarray | None:
 
 
 def dequantised(target: WeightSet, name: str) -> np.ndarray:
-    """``name``'s values as floats; int8/fp8 with a ``_scale`` (and ``_offset``) dequantised."""
+    """``name``'s values as floats; int8/fp8 with a ``_scale`` (and ``_offset``) dequantised,
+    fp8 with a block-wise ``_scale_inv`` multiplied block by block (DeepSeek-V3's
+    ``weight_dequant``: despite its name the factor multiplies)."""
     entry = target.entries[name]
     values = _as_float(entry.load())
+    if not _quantised(entry.dtype):
+        return values
+    inv_e = target.entries.get(name + "_scale_inv")
+    if inv_e is not None:
+        scale_inv = _as_float(inv_e.load()).astype(np.float32)
+        return values * _blockwise(scale_inv, values.shape, _block_size(target.path))
     scale_e = target.entries.get(name + "_scale")
-    if scale_e is None or not _quantised(entry.dtype):
+    if scale_e is None:
         return values
     scale = _as_float(scale_e.load()).astype(np.float32)
     offset_e = target.entries.get(name + "_offset")
     if offset_e is not None:
         values = values - _channelwise(_as_float(offset_e.load()), values.ndim)
     return values * _channelwise(scale, values.ndim)
+
+
+@functools.cache
+def _block_size(path: str) -> tuple[int, int] | None:
+    """``quantization_config.weight_block_size`` of the checkpoint's ``config.json``, if any."""
+    config = (
+        Path(path) / "config.json" if Path(path).is_dir() else Path(path).with_name("config.json")
+    )
+    try:
+        block = json.loads(config.read_text(encoding="utf-8"))["quantization_config"][
+            "weight_block_size"
+        ]
+        return int(block[0]), int(block[1])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def _blockwise(
+    scale: np.ndarray, shape: tuple[int, ...], block: tuple[int, int] | None
+) -> np.ndarray:
+    """A per-block scale ``[ceil(out/b0), ceil(in/b1)]`` expanded to ``shape`` (one value: per
+    tensor); a grid that does not tile the weight is an error, never a guess."""
+    if scale.size == 1:
+        return scale.reshape(())
+    if len(shape) != 2 or scale.ndim != 2:
+        raise ValueError(f"block scale of shape {list(scale.shape)} for a weight {list(shape)}")
+    b0, b1 = block or (BLOCK, BLOCK)
+    rows, cols = -(-shape[0] // b0), -(-shape[1] // b1)
+    if scale.shape != (rows, cols):
+        raise ValueError(
+            f"weight_scale_inv {list(scale.shape)} does not tile a weight {list(shape)} in"
+            f" {b0}×{b1} blocks (expected {[rows, cols]})"
+        )
+    full = np.repeat(np.repeat(scale, b0, axis=0), b1, axis=1)
+    return full[: shape[0], : shape[1]]
 
 
 def _quantised(dtype: str) -> bool:
@@ -289,7 +346,9 @@ def compare_one(
     from layerwatch.engine.numerics.arrays import compare_arrays
 
     ge, te = golden.entries[g_name], target.entries[t_name]
-    kind = target_kind(ge.dtype, te, t_name + "_scale" in target.entries)
+    kind = target_kind(
+        ge.dtype, te, any(t_name + s in target.entries for s in ("_scale", "_scale_inv"))
+    )
     row = WeightRow(g_name, t_name, how, kind, ge.dtype, ge.shape, te.dtype, te.shape)
     try:
         g = _as_float(ge.load())
@@ -325,8 +384,12 @@ def judge(metrics: dict[str, float], limits: dict[str, float]) -> tuple[str, str
     return PASS, ""
 
 
-def compare_weights(golden_path: str, target_path: str) -> WeightReport:
-    """Match and compare every tensor of two sides (see the module docstring)."""
+def compare_weights(
+    golden_path: str, target_path: str, thresholds: str | None = None
+) -> WeightReport:
+    """Match and compare every tensor of two sides (see the module docstring); ``thresholds``:
+    a TOML file whose ``[weights.<kind>]`` tables override the packaged limits."""
+    limits = weight_limits(thresholds)  # a bad file is one line before anything is read
     golden = open_weights(golden_path)
     target = open_weights(target_path)
     pairs, left_g, left_t = match(golden, target)
@@ -336,7 +399,6 @@ def compare_weights(golden_path: str, target_path: str) -> WeightReport:
             f"nothing to compare: no tensor name of {golden_path} matches {target_path}"
             + (f" ({'; '.join(notes)})" if notes else "")
         )
-    limits = weight_limits()
     rows = [compare_one(golden, target, g, t, how, limits) for g, t, how in pairs]
     return WeightReport(rows, left_g, left_t, notes)
 
@@ -408,7 +470,7 @@ def summary_lines(report: WeightReport) -> list[str]:
 
 def weights_main(args: argparse.Namespace) -> int:
     check_report_path(args.output)
-    report = compare_weights(args.golden, args.target)
+    report = compare_weights(args.golden, args.target, getattr(args, "thresholds", None))
     if args.output:
         write_object_report(args.output, report.to_json(), lambda out: write_csv(report, out))
     if args.json:

@@ -265,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     open_.add_argument(
         "--headless", action="store_true", help="print the results instead of opening the TUI"
     )
+    open_.add_argument(
+        "--fake-quant",
+        metavar="FQ_DUMP",
+        help="a quantised model's fake-quant run: the grid shows the kernel part (FQ vs TARGET)",
+    )
     add_compare_options(open_)
     add_live_report_options(open_, idle=False)
 
@@ -274,15 +279,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_dump_pair(compare)
     add_report_options(compare, "msit columns + verdicts")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
+    compare.add_argument(
+        "--fake-quant",
+        metavar="FQ_DUMP",
+        help="a quantised model's fake-quant run (dequantised weights, float kernels): each row"
+        " splits into quantisation (GOLDEN vs FQ) and kernel (FQ vs TARGET) error, the verdict"
+        " is the kernel part's",
+    )
     add_compare_options(compare)
 
     precheck = sub.add_parser(
         "precheck",
         help="recompute each operator of one dump in float64 from its own inputs and weights",
     )
-    precheck.add_argument("dump", metavar="DUMP", help="a dump captured with --weights")
+    precheck.add_argument("dump", metavar="DUMP", nargs="?", help="a dump captured with --weights")
     add_report_options(precheck)
     precheck.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
+    precheck.add_argument(
+        "--replay",
+        action="store_true",
+        help="no dump: run `-- COMMAND`, record each operator's input statistics, replay each"
+        " distinct (operator, shape, dtype) on random inputs in its process at exit",
+    )
+    precheck.add_argument(
+        "--out", metavar="DIR", help="with --replay: keep the run's log and results here"
+    )
+    precheck.add_argument("cmd", nargs="*", metavar="-- COMMAND ...")
 
     badcase = sub.add_parser(
         "badcase",
@@ -310,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     weights.add_argument("target", metavar="TARGET", help="the converted or quantised checkpoint")
     add_report_options(weights, "msit -w columns")
+    weights.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="thresholds TOML whose [weights.<kind>] tables override the defaults",
+    )
     return parser
 
 
@@ -347,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _HANDLERS[args.command]
     if args.command == "dump" and (args.scan or args.exit_on_anomaly or args.scan_output):
         handler = "layerwatch.engine.live.scan:dump_scan_main"
+    if args.command == "precheck" and args.replay:
+        handler = "layerwatch.engine.replay:replay_main"
     try:
         return _load(handler)(args)
     except LayerwatchError as exc:

@@ -98,6 +98,15 @@ def open_main(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             raise LayerwatchError(f"{side} dump {path}: no such file or directory")
         resolve(path)  # several msit runs in one directory: refused, as compare does
+    if getattr(args, "fake_quant", None):  # three dumps: engine/quantcmp.py
+        if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
+            from layerwatch.engine.runner import compare_main
+
+            return compare_main(args)
+        from layerwatch.engine.quantcmp import QuantisationLine, kernel_args
+
+        quant_golden, user_thresholds = args.golden, getattr(args, "thresholds", None)
+        args = kernel_args(args)  # the grid shows (and colours by) the kernel part
     if getattr(args, "headless", False) or not (sys.stdout.isatty() and sys.stdin.isatty()):
         from layerwatch.engine.cases import dumps_have_cases
 
@@ -105,9 +114,14 @@ def open_main(args: argparse.Namespace) -> int:
             from layerwatch.engine.runner import compare_main
 
             return compare_main(args)
+    session = _session(args)
+    if getattr(args, "fake_quant", None):  # the operator view adds the quantisation part
+        session.operator_check = QuantisationLine(
+            quant_golden, args.golden, user_thresholds, session.operator_check
+        )
     pipeline = LivePipeline(
         attach_spec(args.golden, idle_s=0, watch=False), attach_spec(args.target, idle_s=0, watch=False),
-        session=_session(args),
+        session=session,
     )  # fmt: skip
     return present(pipeline, args, f"layerwatch open · {args.golden} vs {args.target}", live=False)
 

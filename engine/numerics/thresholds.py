@@ -81,6 +81,9 @@ class Thresholds:
     source: str = "defaults"
     local: dict[str, dict[str, LocalLimit]] = field(default_factory=dict)
     """``[local.<class>]``: limits of the local verdict per operator kind (numerics/local.py)."""
+    weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``[weights.<kind>]``: gates of ``layerwatch weights`` per target kind (engine/weights.py);
+    a gate set to ``false`` by the user is dropped."""
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
@@ -333,5 +336,9 @@ def _parse(raw: dict[str, Any], source: str) -> Thresholds:
         local={
             c: {k: LocalLimit(**{n: float(v) for n, v in e.items()}) for k, e in t.items()}
             for c, t in raw.get("local", {}).items()
+        },
+        weights={
+            kind: {m: float(v) for m, v in table.items() if v is not False}
+            for kind, table in raw.get("weights", {}).items()
         },
     )

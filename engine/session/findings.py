@@ -69,6 +69,10 @@ def root_cause(
     return None
 
 
+def _quantised(dtype: str) -> bool:
+    return dtype.removeprefix("torch.") in ("int8", "uint8", "int4") or "float8" in dtype
+
+
 def weights_differ(golden: Topology | None, target: Topology | None, node: str) -> str:
     """``weights differ: weight (norm 1.23 vs 1.27)`` when ``node``'s parameter fingerprints
     (topology.json, taken at hook time) disagree beyond a dtype cast; ``""`` when they agree
@@ -86,6 +90,8 @@ def weights_differ(golden: Topology | None, target: Topology | None, node: str) 
         tp = t.params.get(name)
         if tp is None:
             continue
+        if _quantised(tp.dtype) and not _quantised(gp.dtype):
+            continue  # int8/fp8 weights never print like floats: `layerwatch weights` judges them
         if gp.shape != tp.shape:
             bad.append(f"{name} (shape {list(gp.shape)} vs {list(tp.shape)})")
         elif not prints_agree(gp, tp):

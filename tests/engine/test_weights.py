@@ -271,3 +271,119 @@ def test_compare_root_cause_says_weights_differ(
     node = "root.model.layers.1.mlp.down_proj"
     assert weights_differ(*topo, node).startswith("weights differ: weight (norm ")
     assert weights_differ(*topo, "root.model.layers.1.mlp.up_proj") == ""
+
+
+def _block_fp8(state: dict[str, torch.Tensor], block: int) -> dict[str, torch.Tensor]:
+    """Hugging Face block-wise fp8 (DeepSeek-V3 / Qwen3-FP8): float8_e4m3fn weights and one
+    ``weight_scale_inv`` per ``block`` × ``block`` tile, ``w ≈ q · scale_inv``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, w in state.items():
+        if w.ndim != 2 or not name.endswith("proj.weight"):
+            out[name] = w
+            continue
+        rows, cols = -(-w.shape[0] // block), -(-w.shape[1] // block)
+        w = w.float()
+        scale = torch.empty(rows, cols)
+        q = torch.empty_like(w)
+        for i in range(rows):
+            for j in range(cols):
+                tile = w[i * block : (i + 1) * block, j * block : (j + 1) * block]
+                s = tile.abs().max().clamp(min=1e-12) / 448
+                scale[i, j] = s
+                q[i * block : (i + 1) * block, j * block : (j + 1) * block] = tile / s
+        out[name] = q.to(torch.float8_e4m3fn)
+        out[name + "_scale_inv"] = scale
+        out[name.removesuffix("weight") + "input_scale"] = torch.ones(())
+    return out
+
+
+def _with_block_config(golden: Path, target: Path, block: int) -> None:
+    config = json.loads((golden / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "weight_block_size": [block, block],
+    }
+    (target / "config.json").write_text(json.dumps(config))
+
+
+def test_block_fp8_passes_and_a_wrong_block_scale_fails(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """16 × 16 blocks (config.json) on 32 × 64 weights: several blocks a tensor, so one block's
+    scale off by 5 % is one tensor's failure, named; scales and input scales are consumed."""
+    state = _block_fp8(_state(golden), 16)
+    target = _save(tmp_path, state)
+    _with_block_config(golden, target, 16)
+    code, obj = _run(capsys, str(golden), str(target))
+    assert code == 0, obj["first_failure"]
+    assert obj["summary"]["unmatched_target"] == 0
+    assert "fp8" in {r["kind"] for r in obj["rows"]}
+    scale = state[DOWN + "_scale_inv"].clone()
+    scale[1, 2] *= 1.3  # one 16 × 16 tile of 32: a ~1 % norm error of the tensor
+    state[DOWN + "_scale_inv"] = scale
+    _save(tmp_path, state)
+    code, obj = _run(capsys, str(golden), str(target))
+    assert code == 1 and obj["failures"] == [DOWN], obj["rows"]
+
+
+def test_block_fp8_default_128_blocks_and_ragged_edges(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No config.json: 128 × 128 blocks; a 300 × 200 weight has ragged last blocks (3 × 2
+    scales); a scale grid that does not tile the weight is an error row, never a guess."""
+    torch.manual_seed(3)
+    w = torch.randn(300, 200) * 0.02
+    golden = tmp_path / "g.safetensors"
+    save_file({"lin.weight": w}, str(golden))
+    q = _block_fp8({"lin.proj.weight": w}, 128)
+    target = tmp_path / "t.safetensors"
+    save_file(
+        {
+            "lin.weight": q["lin.proj.weight"],
+            "lin.weight_scale_inv": q["lin.proj.weight_scale_inv"],
+        },
+        str(target),
+    )
+    assert q["lin.proj.weight_scale_inv"].shape == (3, 2)
+    code, obj = _run(capsys, str(golden), str(target))
+    assert code == 0, obj["rows"]
+    assert (
+        obj["rows"][0]["kind"] == "fp8" and obj["rows"][0]["metrics"]["cosine_similarity"] > 0.999
+    )
+    bad = tmp_path / "bad.safetensors"
+    save_file(
+        {"lin.weight": q["lin.proj.weight"], "lin.weight_scale_inv": torch.ones(2, 2)}, str(bad)
+    )
+    code, obj = _run(capsys, str(golden), str(bad))
+    assert code == 1 and obj["rows"][0]["verdict"] == "error"
+    assert "does not tile" in obj["rows"][0]["reason"]
+
+
+def test_user_thresholds_apply_to_weights(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--thresholds``: a looser [weights.int8] lets a 3 % scale error pass, a stricter one
+    fails the correct conversion, a bad table is one line and exit 2."""
+    state = _int8(_state(golden))
+    state[DOWN + "_scale"] = state[DOWN + "_scale"] * 1.03
+    target = _save(tmp_path, state)
+    assert _run(capsys, str(golden), str(target))[0] == 1
+    loose = tmp_path / "loose.toml"
+    loose.write_text(
+        "[weights.int8]\ncosine_similarity = 0.99\nrelative_euclidean_distance = 0.2\n"
+        "norm_relative_error = 0.05\n"
+    )
+    code, obj = _run(capsys, str(golden), str(target), "--thresholds", str(loose))
+    assert code == 0, obj["first_failure"]
+    strict = tmp_path / "strict.toml"
+    strict.write_text("[weights.int8]\nrelative_euclidean_distance = 1e-6\n")
+    (tmp_path / "clean").mkdir()
+    clean = _save(tmp_path / "clean", _int8(_state(golden)))
+    code, obj = _run(capsys, str(golden), str(clean), "--thresholds", str(strict))
+    assert code == 1 and "relative_euclidean_distance" in obj["first_failure"]["reason"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[weights.int9]\ncosine_similarity = 0.9\n")
+    assert main(["weights", str(golden), str(clean), "--thresholds", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "weights.int9" in err and "Traceback" not in err
