@@ -187,7 +187,10 @@ class Kernel:
         except (OSError, ValueError):
             info, obj = self._build(golden, target, path, meta)
         for name in info["undefined"]:
-            self._llvm.add_symbol(name, self._address_of(name))
+            address = self._address_of(name)
+            self._llvm.add_symbol(name, address)
+            if name.startswith("_"):  # Mach-O prefixes C names: offer the plain one too
+                self._llvm.add_symbol(name[1:], address)
         # an engine owns its target machine: one each (a shared one is freed twice)
         machine = self._llvm.Target.from_default_triple().create_target_machine()
         engine = self._llvm.create_mcjit_compiler(self._llvm.parse_assembly(""), machine)
@@ -222,10 +225,12 @@ class Kernel:
         """The Python C API's own symbols; numba's runtime helpers, which only error paths
         reach (the kernel allocates nothing and raises nothing), get a harmless stub."""
         if name.lstrip("_").startswith("Py"):
-            try:
-                return int(ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value or 0)
-            except (AttributeError, TypeError):
-                pass
+            for candidate in (name, name[1:]):
+                try:
+                    function = getattr(ctypes.pythonapi, candidate)
+                    return int(ctypes.cast(function, ctypes.c_void_p).value or 0)
+                except (AttributeError, TypeError):
+                    continue
         return int(ctypes.cast(_STUB, ctypes.c_void_p).value or 0)
 
     def work(self) -> int:

@@ -313,5 +313,5 @@ def _undefined(obj: bytes) -> list[str]:
     Python C API): the loader points them at something harmless or at the real function."""
     import re
 
-    found = re.findall(rb"(?<=\0)((?:numba_|NRT_|_?Py)[A-Za-z_]+)(?=\0)", obj)
+    found = re.findall(rb"(?<=\0)(_{0,2}(?:numba_|NRT_|Py)[A-Za-z_]+)(?=\0)", obj)
     return sorted({name.decode() for name in found})
