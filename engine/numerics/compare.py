@@ -104,7 +104,8 @@ def compare_pairs(
     a batch at a time (:mod:`.segments`); their metrics are the same as one at a time.
     """
     results: list[PairResult | None] = [None] * len(items)
-    fused.kernel_for(sum(math.prod(g.shape) for g, _, _ in items if g.loc is not None))
+    elems = sum(math.prod(g.shape) for g, _, _ in items if g.loc is not None)
+    fused.kernel_for(elems, running=True)  # a live session's batches add up
     small: dict[tuple[float, bool], list[int]] = {}
     for i, (golden, target, is_logits) in enumerate(items):
         wanted = side_stats and (golden.stats is None or target.stats is None)

@@ -90,7 +90,7 @@ _ENTRY = ctypes.CFUNCTYPE(
 
 log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
-_STATE: dict[str, Any] = {"kernel": None, "failed": False}
+_STATE: dict[str, Any] = {"kernel": None, "failed": False, "seen": 0}
 _ALIVE: list[Kernel] = []
 """Every kernel loaded, kept for the life of the process: its machine code must outlive any
 function pointer handed out (and LLVM's engines are not torn down while Python exits)."""
@@ -106,14 +106,19 @@ def loaded() -> bool:
     return _STATE["kernel"] is not None and not disabled()
 
 
-def kernel_for(elems: int) -> Kernel | None:
-    """The kernel when it is loaded or ``elems`` make loading it worth while, else ``None``."""
+def kernel_for(elems: int, *, running: bool = False) -> Kernel | None:
+    """The kernel when it is loaded or ``elems`` make loading it worth while, else ``None``.
+    ``running``: count ``elems`` towards this process's total (a live session's many small
+    batches add up: the kernel is loaded once they reach :data:`MIN_ELEMS`)."""
     if disabled():
         return None
     kernel = _STATE["kernel"]
-    if kernel is not None or elems < MIN_ELEMS:
+    if kernel is not None:
         return kernel
-    return load()
+    if running:
+        _STATE["seen"] += elems
+        elems = _STATE["seen"]
+    return load() if elems >= MIN_ELEMS else None
 
 
 def load() -> Kernel | None:

@@ -297,3 +297,27 @@ def test_compare_pairs_read_bf16_bits_and_batch_small_pairs(kernel, monkeypatch,
             (a.metrics, (a.golden_stats, a.target_stats)),
             (b.metrics, (b.golden_stats, b.target_stats)),
         )
+
+
+def test_a_live_sessions_batches_add_up_to_loading_the_kernel(monkeypatch, tmp_path) -> None:
+    """Many small compares (a live session's batches) load the kernel once their elements
+    reach MIN_ELEMS; one alone does not."""
+    monkeypatch.delenv("LAYERWATCH_NO_NUMBA", raising=False)
+    monkeypatch.setitem(fused._STATE, "kernel", None)
+    monkeypatch.setitem(fused._STATE, "seen", 0)
+    monkeypatch.setattr(fused, "MIN_ELEMS", 3 * 1000)
+    g, t = _close(np.float32, n=1000)
+    items = [
+        (
+            _record(tmp_path / "g.bin", g, "float32", "o"),
+            _record(tmp_path / "t.bin", t, "float32", "o"),
+            False,
+        )
+    ]
+    compare_pairs(items, Thresholds.default())
+    compare_pairs(items, Thresholds.default())
+    assert not fused.loaded()
+    compare_pairs(items, Thresholds.default())
+    if fused._STATE["failed"]:
+        pytest.skip("llvmlite is not installed")
+    assert fused.loaded()
