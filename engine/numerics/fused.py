@@ -21,12 +21,10 @@ the numpy path, which gives the same metrics (``tests/engine/numerics/test_fused
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import logging
 import os
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -150,6 +148,8 @@ class Kernel:
     """The loaded entry points, one per (golden, target) dtype pair, built on first need."""
 
     def __init__(self) -> None:
+        import hashlib
+
         import llvmlite.binding as llvm
 
         if hasattr(llvm, "initialize_native_target"):
@@ -210,6 +210,8 @@ class Kernel:
     @staticmethod
     def _build(golden: str, target: str, path: Path, meta: Path) -> tuple[dict[str, Any], bytes]:
         """Compile with numba (once per install, ~3 s) and keep the object code if we can."""
+        import tempfile
+
         from layerwatch.engine.numerics import fused_kernel
 
         log.info("building the metric kernel for %s/%s (once)", golden, target)
