@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.logits import logits_metrics
 from layerwatch.engine.numerics.metrics import MetricAccumulator
 from layerwatch.engine.numerics.segments import SMALL, small_metrics
@@ -62,6 +63,7 @@ def compare_arrays(
     if not logits and g.dtype.kind == t.dtype.kind == "f" and 0 < gf.size <= SMALL:
         return small_metrics([(gf, tf)], floor)[0]  # what compare_pair does for small pairs
     acc = MetricAccumulator(floor, exact=exact)
+    fused.kernel_for(gf.size)  # a big pair loads the compiled kernel (numerics/fused.py)
     for start in range(0, gf.size, chunk_elems):
         acc.update(gf[start : start + chunk_elems], tf[start : start + chunk_elems])
     out = acc.result()

@@ -14,12 +14,18 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.blas import limit_blas_threads
 from layerwatch.engine.numerics.logits import LogitsAccumulator, row_blocks
 from layerwatch.engine.numerics.metrics import MetricAccumulator, paired_chunks
 from layerwatch.engine.numerics.segments import BATCH, SMALL, small_accumulators
 from layerwatch.engine.numerics.statistics import stats_metrics, stats_of, tensor_stats
-from layerwatch.engine.readers.load import canonical_dtype, iter_chunks, load_flat
+from layerwatch.engine.readers.load import (
+    canonical_dtype,
+    iter_chunks,
+    load_flat,
+    yields_bf16_bits,
+)
 from layerwatch.engine.records import (
     Locator,
     PairResult,
@@ -98,6 +104,8 @@ def compare_pairs(
     a batch at a time (:mod:`.segments`); their metrics are the same as one at a time.
     """
     results: list[PairResult | None] = [None] * len(items)
+    elems = sum(math.prod(g.shape) for g, _, _ in items if g.loc is not None)
+    fused.kernel_for(elems, running=True)  # a live session's batches add up
     small: dict[tuple[float, bool], list[int]] = {}
     for i, (golden, target, is_logits) in enumerate(items):
         wanted = side_stats and (golden.stats is None or target.stats is None)
@@ -318,12 +326,23 @@ def tensor_measure(
     metrics and, with ``side_stats``, both sides' statistics (same pass); ``mask``: each side's
     additive-mask fill (:func:`mask_fill`), compared as −inf."""
     acc = MetricAccumulator(floor, exact=exact, side_stats=side_stats)
+    vocab = int(golden.shape[-1]) if golden.shape else 0
+    fused.kernel_for(math.prod(golden.shape))
+    if mask is None and not (logits and vocab) and fused.loaded():
+        # the kernel decodes bf16 on the fly: no float32 copy of the chunk
+        bits = (yields_bf16_bits(golden), yields_bf16_bits(target))
+        raw = paired_chunks(
+            iter_chunks(golden, chunk_elems, reuse=True, bf16_bits=bits[0]),
+            iter_chunks(target, chunk_elems, reuse=True, bf16_bits=bits[1]),
+        )
+        for g, t in raw:
+            acc.update(g, t, bf16=bits)
+        return acc.result(), acc.side_stats() if side_stats else None
     pairs: Iterator[tuple[np.ndarray, np.ndarray]] = paired_chunks(
         iter_chunks(golden, chunk_elems, reuse=True), iter_chunks(target, chunk_elems, reuse=True)
     )
     if mask is not None:
         pairs = (unmask(g, t, mask) for g, t in pairs)
-    vocab = int(golden.shape[-1]) if golden.shape else 0
     if not (logits and vocab):
         for g, t in pairs:
             acc.update(g, t)

@@ -28,6 +28,10 @@ Definitions (over positions where *both* sides are finite, ``n_f`` of them):
 * no finite position at all (empty, all NaN on both sides) → vacuously perfect metrics.
 
 KL divergence and the other logits metrics live in :mod:`.logits`.
+
+Two engines fill the same sums: the numpy block path below, and the compiled single pass of
+:mod:`.fused` once a process has loaded it (large compares). Both keep the definitions above;
+they agree to float64 rounding of the sums (``tests/engine/numerics/test_fused.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import threading
 from collections.abc import Iterable, Iterator
 
 import numpy as np
+from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.statistics import SideStats
 from layerwatch.engine.records import (
     COSINE,
@@ -94,9 +99,15 @@ class MetricAccumulator:
         self.gg = self.tt = self.gt = self.dd = 0.0
         self.max_abs = self.sum_abs = self.max_rel = self.sum_rel = 0.0
         self.c1 = self.c5 = 0
+        self._totals: fused.Totals | None = None
+        """The compiled kernel's running sums, folded into the fields above by :meth:`_fold`."""
 
     # -- feeding -------------------------------------------------------------------------
-    def update(self, golden: np.ndarray, target: np.ndarray) -> None:
+    def update(
+        self, golden: np.ndarray, target: np.ndarray, *, bf16: tuple[bool, bool] = (False, False)
+    ) -> None:
+        """``bf16``: that side is a uint16 array of bfloat16 bits (the reader's raw chunk), decoded
+        on the fly by the kernel, or here when the numpy path measures it."""
         g = np.ravel(golden)
         t = np.ravel(target)
         if g.dtype.kind == "c" or t.dtype.kind == "c":  # compare (re, im) as a real vector
@@ -106,9 +117,31 @@ class MetricAccumulator:
             raise ValueError(f"chunk sizes differ: {g.size} vs {t.size}")
         if g.size == 0:
             return
-        self._g, self._t, self._d, self._b = _scratch(self._block)
         self.n += g.size
-        if _same_bytes(g, t):
+        kernel = fused.kernel_for(g.size)
+        same = _same_bytes(g, t) and bf16[0] == bf16[1]
+        if kernel is not None and not same:
+            if self._totals is None:
+                self._totals = fused.new_totals()
+            kinds = (
+                fused.KIND_BF16 if bf16[0] else fused.KIND_PLAIN,
+                fused.KIND_BF16 if bf16[1] else fused.KIND_PLAIN,
+            )
+            if fused.measure(
+                kernel,
+                g,
+                t,
+                self._totals,
+                kinds=kinds,
+                floor=self.rel_floor,
+                exact=self.exact,
+                sides=self.sides is not None,
+            ):
+                return
+        g = fused.decode_bf16(g) if bf16[0] else g
+        t = fused.decode_bf16(t) if bf16[1] else t
+        self._g, self._t, self._d, self._b = _scratch(self._block)
+        if same:
             self._identical(g)
             return
         if self.exact:
@@ -219,8 +252,41 @@ class MetricAccumulator:
                 side.add(alone, float(alone @ alone))
         return both
 
+    def _fold(self) -> None:
+        """Add the kernel's running sums (if any) to the fields the numpy path fills."""
+        if self._totals is None:
+            return
+        f = self._totals.f.tolist()
+        k = self._totals.k.tolist()
+        self._totals = None
+        self.gg += f[fused.F_GG]
+        self.tt += f[fused.F_TT]
+        self.gt += f[fused.F_GT]
+        self.dd += f[fused.F_DD]
+        self.sum_abs += f[fused.F_SUM_ABS]
+        self.max_abs = max(self.max_abs, f[fused.F_MAX_ABS])
+        self.sum_rel += f[fused.F_SUM_REL]
+        self.max_rel = max(self.max_rel, f[fused.F_MAX_REL])
+        self.n_finite += k[fused.I_FINITE]
+        self.c1 += k[fused.I_C1]
+        self.c5 += k[fused.I_C5]
+        self.nan_g += k[fused.I_NAN_G]
+        self.nan_t += k[fused.I_NAN_T]
+        self.inf_g += k[fused.I_INF_G]
+        self.inf_t += k[fused.I_INF_T]
+        self.mismatch += k[fused.I_MISMATCH]
+        self.equal += k[fused.I_EQUAL]
+        if self.sides is not None:
+            for side, cols, count in (
+                (self.sides[0], fused.GOLDEN_SIDE, fused.I_G_COUNT),
+                (self.sides[1], fused.TARGET_SIDE, fused.I_T_COUNT),
+            ):
+                high, low, total, sq = (f[c] for c in cols)
+                side.add_sums(high, low, total, sq, k[count])
+
     def side_stats(self) -> tuple[Stats, Stats]:
         """(golden, target) statistics over each side's finite elements (``side_stats=True``)."""
+        self._fold()
         if self.sides is None:
             raise ValueError("side statistics were not gathered (side_stats=False)")
         golden, target = self.sides
@@ -228,6 +294,7 @@ class MetricAccumulator:
 
     # -- reading -------------------------------------------------------------------------
     def result(self) -> dict[str, float]:
+        self._fold()
         nf = self.n_finite
         ng, nt = math.sqrt(self.gg), math.sqrt(self.tt)
         if ng == 0.0 and nt == 0.0:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from layerwatch.engine.numerics.metrics import MetricAccumulator
 
 CALL_STEMS = ("output", "output_0", "input_0", "input_1", "input_2", "input_3")
 """The tensors of one call a reference may use."""
@@ -256,6 +257,15 @@ def elementwise(a: np.ndarray, b: np.ndarray | float, kind: str) -> Reference:
 
 
 # --- the bound ------------------------------------------------------------------------------
+_COMPARED = (
+    "max_absolute_error",
+    "relative_euclidean_distance",
+    "norm_relative_error",
+    "cosine_similarity",
+)
+"""Compare metrics a precheck row also shows (``metrics.MetricAccumulator``'s definitions)."""
+
+
 def judge(target: np.ndarray, ref: Reference, dtype: str) -> Check:
     """Compare the dumped output with the reference under the dtype's bound."""
     check = Check()
@@ -284,18 +294,11 @@ def judge(target: np.ndarray, ref: Reference, dtype: str) -> Check:
     tol = np.maximum(tol, np.finfo(np.float64).tiny)
     element = float(np.max(diff / tol)) if diff.size else 0.0
     norm = _norm_figure(np.where(both, t, 0.0), np.where(both, y, 0.0), tol, ref.row_shared, u_acc)
-    yv, tv = y[both], t[both]
-    ynorm = float(np.linalg.norm(yv))
-    dnorm = float(np.linalg.norm(tv - yv))
-    tnorm = float(np.linalg.norm(tv))
-    dot = float(np.dot(tv, yv)) if yv.size else 0.0
-    check.metrics = {
-        "max_absolute_error": float(diff.max()) if diff.size else 0.0,
-        "relative_euclidean_distance": dnorm / ynorm
-        if ynorm
-        else (0.0 if dnorm == 0 else math.inf),
-        "norm_relative_error": abs(tnorm - ynorm) / ynorm if ynorm else 0.0,
-        "cosine_similarity": dot / (tnorm * ynorm) if tnorm and ynorm else 1.0,
+    # the compare metrics of reference vs output, from their one home (finite positions only)
+    acc = MetricAccumulator(1.0)
+    acc.update(y, t)
+    compared = acc.result()
+    check.metrics = {name: compared[name] for name in _COMPARED} | {
         ELEMENT_RATIO: element,
         NORM_RATIO: norm,
         PRECHECK_RATIO: max(element / ELEMENT_LIMIT, norm / NORM_LIMIT),

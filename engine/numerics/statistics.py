@@ -13,7 +13,8 @@ import math
 
 import numpy as np
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.readers.load import iter_chunks
+from layerwatch.engine.numerics import fused
+from layerwatch.engine.readers.load import iter_chunks, yields_bf16_bits
 from layerwatch.engine.records import (
     INF_GOLDEN,
     INF_TARGET,
@@ -63,7 +64,14 @@ class SideStats:
 
 
 def tensor_stats(loc: Locator, chunk_elems: int = 1 << 22) -> Stats:
-    """max/min/mean/L2 norm over the finite elements (float64), NaN/Inf counted; streamed."""
+    """max/min/mean/L2 norm over the finite elements (float64), NaN/Inf counted; streamed.
+    A big tensor (or any, once the process has it) goes through the compiled metric kernel,
+    measured against itself: its golden-side statistics, in one pass."""
+    kernel = fused.kernel_for(math.prod(loc.shape))
+    if kernel is not None:
+        stats = _kernel_stats(kernel, loc, min(chunk_elems, 1 << 17))
+        if stats is not None:
+            return stats
     side, nan, inf = SideStats(), 0, 0
     for chunk in iter_chunks(loc, chunk_elems):
         x = chunk.astype(np.float64)
@@ -77,6 +85,23 @@ def tensor_stats(loc: Locator, chunk_elems: int = 1 << 22) -> Stats:
         if x.size:
             side.add(x, float(x @ x))
     return side.stats(nan, inf)
+
+
+def _kernel_stats(kernel: fused.Kernel, loc: Locator, chunk_elems: int) -> Stats | None:
+    """``None`` when the dtype is not one the kernel is built for (told by the first chunk)."""
+    bits = yields_bf16_bits(loc)
+    kind = fused.KIND_BF16 if bits else fused.KIND_PLAIN
+    totals = fused.new_totals()
+    for chunk in iter_chunks(loc, chunk_elems, reuse=True, bf16_bits=bits):
+        if not fused.measure(
+            kernel, chunk, chunk, totals, kinds=(kind, kind), floor=1.0, exact=False, sides=True
+        ):
+            return None
+    f, k = totals.f.tolist(), totals.k.tolist()
+    side = SideStats()
+    high, low, total, sq = (f[c] for c in fused.GOLDEN_SIDE)
+    side.add_sums(high, low, total, sq, k[fused.I_G_COUNT])
+    return side.stats(k[fused.I_NAN_G], k[fused.I_INF_G])
 
 
 def stats_of(record: TensorRecord, side: str, chunk_elems: int) -> Stats:

@@ -286,7 +286,12 @@ def load_array(loc: Locator, *, as_float: bool = False) -> np.ndarray:
 
 
 def iter_chunks(
-    loc: Locator, max_elems: int, *, as_float: bool = False, reuse: bool = False
+    loc: Locator,
+    max_elems: int,
+    *,
+    as_float: bool = False,
+    reuse: bool = False,
+    bf16_bits: bool = False,
 ) -> Iterator[np.ndarray]:
     """The tensor's elements in C order as consecutive 1-D chunks of at most ``max_elems``.
 
@@ -298,6 +303,10 @@ def iter_chunks(
     for every chunk (``readinto``), and bf16/fp8 are decoded into a second one. A cache-sized
     buffer that is refilled in place costs no allocation, no page faults and no trip through
     main memory; a fresh ``np.fromfile`` array per chunk costs all three.
+
+    ``bf16_bits=True`` (with ``reuse``, contiguous tensors): bf16 chunks come as their uint16
+    bits, for a consumer that decodes them on the fly (the compiled metric kernel); check
+    :func:`yields_bf16_bits` to know whether they will.
     """
     if max_elems <= 0:
         raise ValueError("max_elems must be positive")
@@ -309,7 +318,7 @@ def iter_chunks(
     if loc.layout == "" and _is_contiguous(shape, strides):
         if reuse and total:
             _check_container(loc)
-            yield from _reused_chunks(loc, total, max_elems, dt, sdt, as_float)
+            yield from _reused_chunks(loc, total, max_elems, dt, sdt, as_float, bf16_bits)
             return
         for start in range(0, total, max_elems):
             count = min(max_elems, total - start)
@@ -335,13 +344,27 @@ def iter_chunks(
         yield _decode(chunk, dt, as_float)
 
 
+def yields_bf16_bits(loc: Locator) -> bool:
+    """Whether ``iter_chunks(loc, ..., reuse=True, bf16_bits=True)`` yields uint16 bf16 bits."""
+    dt = canonical_dtype(loc.dtype)
+    strides = tuple(int(s) for s in loc.strides) if loc.strides is not None else None
+    shape = tuple(int(d) for d in loc.shape)
+    return dt == "bfloat16" and loc.layout == "" and _is_contiguous(shape, strides)
+
+
 def _reused_chunks(
-    loc: Locator, total: int, max_elems: int, dt: str, sdt: np.dtype, as_float: bool
+    loc: Locator,
+    total: int,
+    max_elems: int,
+    dt: str,
+    sdt: np.dtype,
+    as_float: bool,
+    bf16_bits: bool = False,
 ) -> Iterator[np.ndarray]:
     """Contiguous payload in chunks read into (and decoded in) buffers owned by this iterator."""
     size = min(total, max_elems)
     raw = np.empty(size, sdt)
-    wide = np.empty(size, np.uint32) if dt == "bfloat16" else None
+    wide = np.empty(size, np.uint32) if dt == "bfloat16" and not bf16_bits else None
     table = _FP8.get(dt)
     decoded = np.empty(size, np.float32) if table is not None else None
     view = raw.data.cast("B")
@@ -373,6 +396,8 @@ def _reused_chunks(
             if wide is not None:
                 out = np.left_shift(chunk, 16, out=wide[:count], dtype=np.uint32)
                 yield out.view(np.float32)
+            elif dt == "bfloat16":  # bf16_bits: the consumer decodes
+                yield chunk
             elif table is not None and decoded is not None:
                 yield np.take(table, chunk, out=decoded[:count])
             else:

@@ -43,6 +43,8 @@ BYTE_COST = 0.8e-9
 """... plus per byte of golden + target payload (≈ 4 ns per fp32/bf16 element pair). Checked
 on the bench dumps: (a) 868 pairs, 490 MB → 0.45 s estimated, 0.47 s measured; (b) 904 small
 pairs → 50 ms, 55 ms."""
+FUSED_BYTE_COST = 0.4e-9
+"""... per byte once the compiled kernel is loaded (``numerics/fused.py``; (a): 0.2 s)."""
 
 T = TypeVar("T")
 CompareFn = Callable[..., PairResult]
@@ -197,6 +199,7 @@ class JobRunner:
     ) -> list[PairResult]:
         """Results in the order of ``work``."""
         total = len(work)
+        _load_kernel(work)
         tasks, inline = self.plan(work)
         results: list[PairResult | None] = [None] * total
         futures: dict[Future[list[PairResult]] | Forked[list[PairResult]], list[int]] = {}
@@ -301,9 +304,20 @@ class JobRunner:
 
 def _cost(work: Work) -> float:
     """Estimated seconds to compare one pair (for the decision and for balancing shares)."""
+    from layerwatch.engine.numerics import fused
     from layerwatch.engine.numerics.segments import SMALL
 
     golden = work.golden
     size = math.prod(golden.shape) if golden.loc is not None else 0
     per_pair = SMALL_PAIR_COST if 0 < size <= SMALL and not work.is_logits else PAIR_COST
-    return per_pair + BYTE_COST * work.nbytes
+    return per_pair + (FUSED_BYTE_COST if fused.loaded() else BYTE_COST) * work.nbytes
+
+
+def _load_kernel(work: Sequence[Work]) -> None:
+    """Load the compiled metric kernel here, before any fork, when the work is big enough for
+    it to pay (``fused.MIN_ELEMS``): forked children inherit it at no cost."""
+    from layerwatch.engine.numerics import fused
+
+    if fused.disabled() or fused.loaded():
+        return
+    fused.kernel_for(sum(math.prod(w.golden.shape) for w in work if w.golden.loc is not None))

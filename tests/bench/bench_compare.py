@@ -12,7 +12,8 @@ which the bench builds under ``--work`` on first use, or ``--msit VENV``) into `
     golden fp32 vs target bf16 (msit measured 75-220 pairs/s).
 
 Both tools run as fresh processes (start-up included), with ``OMP_NUM_THREADS=1`` as msit's
-figures were taken, in the same run, medians of ``--repeat``. The floor is reading every payload
+figures were taken, in the same run, medians of ``--repeat``; ours also once more without the
+compiled metric kernel (``LAYERWATCH_NO_NUMBA=1``, ``engine/numerics/fused.py``). The floor is reading every payload
 of both dumps once (our readers' locators + ``load_array``, in one process, no metrics).
 Goals: ≥ 20× msit on (a) and (b), ≥ 60 % of the load floor on (a).
 """
@@ -202,9 +203,11 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: byte code cached after the first run
     floor_s, nbytes, tensors = load_floor(golden, target, args.repeat)  # also warms the page cache
     ours = [sys.executable, "-m", "layerwatch.tui", "compare", str(golden), str(target), "--json"]
-    timed(ours, env, 1)  # warm-up: writes __pycache__ once
+    timed(ours, env, 1)  # warm-up: writes __pycache__ once, builds the compiled kernel once
     row: dict[str, float] = {"MB": nbytes / 1e6, "tensors": tensors, "floor_s": floor_s}
     row["load_start"] = os.getloadavg()[0]
+    walls, cpus, _ = timed([*ours, "--jobs", "1"], dict(env, LAYERWATCH_NO_NUMBA="1"), args.repeat)
+    row["numpy_j1_s"], row["numpy_j1_cpu"] = statistics.median(walls), statistics.median(cpus)
     for jobs in args.jobs:
         walls, cpus, out = timed([*ours, "--jobs", str(jobs)], env, args.repeat)
         row[f"ours_j{jobs}_s"] = statistics.median(walls)
@@ -277,6 +280,10 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
             f"wall (min/min {row['msit_min'] / low:.1f}×), {row['msit_cpu'] / cpu:.1f}× by CPU; "
             f"{row['floor_s'] / s:.0%} of the load floor"
         )
+    print(
+        f"  the same, --jobs 1 without the compiled kernel (LAYERWATCH_NO_NUMBA=1): "
+        f"{row['numpy_j1_s']:.2f} s wall ({row['numpy_j1_cpu']:.2f} s CPU)"
+    )
     if "lw_s" in row:
         s, cpu = row["lw_s"], row["lw_cpu"]
         print(

@@ -195,6 +195,9 @@ CAPPED = textwrap.dedent("""
     from layerwatch.engine.numerics.thresholds import Thresholds
 
     g_path, t_path, n, cap_mb = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    from layerwatch.engine.numerics import fused
+    if sys.argv[5] == "kernel":  # loaded (and its entry point built) before the cap
+        fused.load().entry(np.dtype(np.float32), np.dtype(np.float32))
     th = Thresholds.load()
     def rec(path, n):
         loc = Locator(path, 0, 4 * n, "float32", (n,))
@@ -210,12 +213,15 @@ CAPPED = textwrap.dedent("""
         pass
     r = compare_pair(rec(g_path, n), rec(t_path, n), th, chunk_elems=1 << 20)
     print(r.verdict.value, r.metrics["cosine_similarity"], r.metrics["max_absolute_error"])
+    print(fused.loaded())
 """)
 
 
 @pytest.mark.slow
-def test_large_pair_compares_under_a_fixed_address_space_cap(tmp_path: Path) -> None:
-    """2 × 256 MB compare with at most 64 MB of address space above the warm baseline."""
+@pytest.mark.parametrize("engine", ["numpy", "kernel"])
+def test_large_pair_compares_under_a_fixed_address_space_cap(tmp_path: Path, engine: str) -> None:
+    """2 × 256 MB compare with at most 64 MB of address space above the warm baseline, on the
+    numpy path and through the compiled kernel (numerics/fused.py)."""
     n = 64 << 20
     g_path, t_path = tmp_path / "g.bin", tmp_path / "t.bin"
     with open(g_path, "wb") as fg, open(t_path, "wb") as ft:
@@ -227,8 +233,10 @@ def test_large_pair_compares_under_a_fixed_address_space_cap(tmp_path: Path) -> 
             x[::4096] += np.float32(1e-3)
             ft.write(x.tobytes())
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    if engine == "numpy":
+        env["LAYERWATCH_NO_NUMBA"] = "1"
     out = subprocess.run(
-        [sys.executable, "-c", CAPPED, str(g_path), str(t_path), str(n), "64"],
+        [sys.executable, "-c", CAPPED, str(g_path), str(t_path), str(n), "64", engine],
         capture_output=True,
         text=True,
         env=env,
@@ -236,7 +244,8 @@ def test_large_pair_compares_under_a_fixed_address_space_cap(tmp_path: Path) -> 
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "UNCAPPED" not in out.stdout
-    verdict, cos, max_abs = out.stdout.split()
+    verdict, cos, max_abs, kernel = out.stdout.split()
+    assert kernel == str(engine == "kernel")
     assert verdict == "pass"
     assert 0.9999999 < float(cos) < 1.0
     assert float(max_abs) == pytest.approx(1e-3, rel=1e-3)
