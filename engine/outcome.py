@@ -23,16 +23,19 @@ Files are replaced atomically (``capture/atomic.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from layerwatch.capture.atomic import replacing
+from layerwatch.capture.atomic import replacing, temp_path
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import PairResult, Verdict
-from layerwatch.engine.report import dumps_json, json_report, write_csv, write_jsonl
+from layerwatch.engine.report import dumps_json, json_head, json_report, json_row, write_csv
 from layerwatch.engine.seam import Summary
 from layerwatch.engine.wording import summary_text
 
@@ -70,7 +73,11 @@ def mismatch(session: Any, *, allow_partial: bool = False) -> str | None:
     """
     s = session.summary
     if s.pairs and s.error == s.pairs:
-        first = next((r for r in session.results() if r.verdict is Verdict.ERROR), None)
+        first = (
+            session.first_error
+            if hasattr(session, "first_error")  # a windowed run keeps its first error
+            else next((r for r in session.results() if r.verdict is Verdict.ERROR), None)
+        )
         why = f": {first.reason}" if first is not None and first.reason else ""
         return f"every one of the {_n(s.pairs)} pairs could not be read{why}"
     ids = {side: session.token_ids(side).get(0) for side in ("golden", "target")}
@@ -137,7 +144,7 @@ def write_object_report(
         raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None
 
 
-def _report_object(session: Any, results: Sequence[PairResult]) -> dict[str, Any]:
+def _report_object(session: Any, results: Sequence[PairResult] = ()) -> dict[str, Any]:
     return json_report(
         results,
         session.summary,
@@ -148,6 +155,117 @@ def _report_object(session: Any, results: Sequence[PairResult]) -> dict[str, Any
     )
 
 
+class ReportStream:
+    """The report file (``path``, format by suffix) and the ``--json`` object (``json_out``),
+    written as rows come — a window of tokens at a time (engine/session/windowed.py) — so a
+    headless compare never holds every row.
+
+    The file is written to its temp name (``capture/atomic.py``) and renamed in by
+    :meth:`finish`. JSON needs the summary first: its rows wait in an anonymous temp file and
+    are copied after the head. Stopped part-way (:meth:`finish` with ``incomplete``), the rows
+    written so far stay, marked incomplete (engine/report.py says how per format).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None, json_out: TextIO | None = None):
+        self.path = Path(path) if path else None
+        self.kind = report_format(path) if path else ""
+        self.json_out = json_out
+        self.rows = 0
+        self._fh: TextIO | None = None
+        self._tmp: Path | None = None
+        self._json_rows: Any = None
+        try:
+            if self.path is not None:
+                self._tmp = temp_path(self.path)
+                self._fh = open(self._tmp, "w", encoding="utf-8", newline="")  # noqa: SIM115 (closed by finish/discard)
+                if self.kind == "csv":
+                    write_csv((), self._fh)
+            if self.kind == "json" or json_out is not None:
+                self._json_rows = tempfile.TemporaryFile(  # noqa: SIM115 (closed by discard)
+                    "w+", encoding="utf-8", dir=self.path.parent if self.path else None
+                )
+        except OSError as exc:
+            self.discard()
+            raise self._error(exc) from None
+
+    def add(self, results: Sequence[PairResult]) -> None:
+        """Write ``results`` (in report order, after every earlier call's)."""
+        try:
+            if self.kind == "csv":
+                assert self._fh is not None
+                write_csv(results, self._fh, header=False, start=self.rows)
+            elif self.kind == "jsonl":
+                assert self._fh is not None
+                self._fh.writelines(dumps_json(json_row(r)) + "\n" for r in results)
+            if self._json_rows is not None:
+                sep = "," if self.rows else ""
+                for result in results:
+                    self._json_rows.write(sep + dumps_json(json_row(result)))
+                    sep = ","
+        except OSError as exc:
+            raise self._error(exc) from None
+        self.rows += len(results)
+
+    def finish(self, session: Any, incomplete: str = "") -> None:
+        """The report's head (summary, findings) from ``session``; rename the file in."""
+        head = _report_object(session)
+        if incomplete:
+            head = {**{k: v for k, v in head.items() if k != "rows"}, "incomplete": incomplete}
+            head["rows"] = []
+        try:
+            if self._fh is not None:
+                if self.kind == "csv":
+                    if incomplete:
+                        self._fh.write(f"# incomplete: {incomplete}\n")
+                elif self.kind == "jsonl":
+                    self._fh.write(dumps_json({k: v for k, v in head.items() if k != "rows"}))
+                    self._fh.write("\n")
+                else:
+                    self._copy_json(head, self._fh)
+                self._fh.close()
+                assert self._tmp is not None and self.path is not None
+                os.replace(self._tmp, self.path)
+                self._tmp = None
+        except OSError as exc:
+            if incomplete and self._tmp is not None and self.path is not None:
+                with contextlib.suppress(OSError):  # the disk is full: keep what is written
+                    assert self._fh is not None
+                    self._fh.close()
+                with contextlib.suppress(OSError):
+                    os.replace(self._tmp, self.path)
+                    self._tmp = None
+            self.discard()
+            raise self._error(exc) from None
+        try:
+            if self.json_out is not None:  # stdout's own errors (a closed pipe) stay as they are
+                self._copy_json(head, self.json_out)
+                self.json_out.write("\n")
+        finally:
+            self.discard()
+
+    def _copy_json(self, head: dict[str, Any], out: TextIO) -> None:
+        out.write(json_head(head))
+        self._json_rows.seek(0)
+        shutil.copyfileobj(self._json_rows, out)
+        out.write("]}")
+
+    def discard(self) -> None:
+        """Close and remove the temp files (after :meth:`finish`, or instead of it)."""
+        for fh in (self._fh, self._json_rows):
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    fh.close()
+        self._fh = self._json_rows = None
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+            self._tmp = None
+
+    def _error(self, exc: OSError) -> LayerwatchError:
+        why = exc.strerror or str(exc)
+        return LayerwatchError(f"cannot write {self.path or 'the report'}: {why}")
+
+
 def write_report(
     path: str | os.PathLike[str], session: Any, results: Sequence[PairResult] | None = None
 ) -> str:
@@ -156,18 +274,9 @@ def write_report(
     ``results``: ``session.results()`` when the caller has them already (they are sorted on
     every call). A file system error becomes one line naming ``path`` (a LayerwatchError).
     """
-    kind = report_format(path)
-    rows = session.results() if results is None else results
-    try:
-        with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
-            if kind == "csv":
-                write_csv(rows, fh)
-            elif kind == "json":
-                fh.write(dumps_json(_report_object(session, rows)))
-            else:
-                write_jsonl(_report_object(session, rows), fh)
-    except OSError as exc:
-        raise LayerwatchError(f"cannot write {path}: {exc.strerror or exc}") from None
+    stream = ReportStream(path)
+    stream.add(session.results() if results is None else results)
+    stream.finish(session)
     return str(path)
 
 
@@ -188,22 +297,29 @@ def conclude(
     notes: Sequence[str] = (),
     failed_commands: Sequence[str] = (),
     allow_partial: bool = False,
+    stream: ReportStream | None = None,
 ) -> int:
     """End a finished comparison: the report file, stdout, the exit code.
+
+    ``stream``: the rows went out already as they were compared (a windowed compare,
+    engine/session/windowed.py); only the head and the end of the report are left to write.
 
     ``empty`` says why there was nothing to compare (then exit 2, nothing written). stdout gets
     the ``--json`` object, else the short summary and ``notes`` — unless ``summary_with_report``
     is false and a report file was written (``compare -o`` prints nothing, as it always has).
     Mismatched dumps (:func:`mismatch`) then end as a LayerwatchError: one line, exit 2.
     """
-    results = session.results()
-    if not results:
+    if stream is None:
+        results = session.results()
+        if not results:
+            raise LayerwatchError(f"nothing to compare: {empty}")
+        stream = ReportStream(output, out if as_json else None)
+        stream.add(results)
+    elif not stream.rows:
+        stream.discard()
         raise LayerwatchError(f"nothing to compare: {empty}")
-    if output:
-        write_report(output, session, results)
-    if as_json:
-        out.write(dumps_json(_report_object(session, results)) + "\n")
-    elif summary_with_report or not output:
+    stream.finish(session)  # the file, then the --json object on stdout
+    if not as_json and (summary_with_report or not output):
         out.write(summary_text(session) + "\n")
         for note in notes:
             out.write(f"note: {note}\n")

@@ -274,6 +274,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_dump_pair(compare)
     add_report_options(compare, "msit columns + verdicts")
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
+    compare.add_argument(
+        "--nodes",
+        metavar="GLOB",
+        help="only nodes whose name matches, e.g. 'root.model.layers.3.*'",
+    )
+    compare.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        help="memory the compare may use, e.g. 8G (default: the free memory, MemAvailable)",
+    )
     add_compare_options(compare)
 
     precheck = sub.add_parser(

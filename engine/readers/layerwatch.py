@@ -51,11 +51,28 @@ class _Rank:
     """Bytes of ``index.jsonl`` consumed (always at a line boundary)."""
     topo_sig: tuple[int, int] | None = None
     ended: bool = False
-    seen: set[TensorKey] = field(default_factory=set)
+    seen: dict[int, set[TensorKey]] = field(default_factory=dict)
+    """Keys handed out, by token (a key repeated in the index is handed out once)."""
     torn_noted: bool = False
     """The final scan said that the last index line is cut short."""
     forced: int = 0
     """Steps at which ``follow`` fed the golden's token instead of the target's own choice."""
+
+
+@dataclass(slots=True)
+class IndexScan:
+    """Line counts by kind over every rank's index (``scan_index``)."""
+
+    tensors: int = 0
+    tokens: int = 0
+    cases: int = 0
+    drops: int = 0
+
+    def add(self, lines: bytes) -> None:
+        self.tensors += lines.count(b'"k":"t"')
+        self.tokens += lines.count(b'"k":"token"')
+        self.cases += lines.count(b'"k":"case')
+        self.drops += lines.count(b'"k":"drop"')
 
 
 class LayerwatchReader(DirectoryReader):
@@ -88,6 +105,50 @@ class LayerwatchReader(DirectoryReader):
             self._complete = True
         update.complete = self._complete
         return update
+
+    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
+        """The next at most ``limit`` bytes of each rank's index of a finished dump (whole lines
+        only), or None once every index is consumed: ``compare`` reads big dumps a window of
+        tokens at a time instead of holding every record (``engine/session/windowed.py``)."""
+        update = ReaderUpdate()
+        if self._gone(update):
+            return update if update else None
+        states = self._discover()
+        moved = False
+        for state in states:
+            if state.topo_sig is None:
+                self._read_topology(state, update)
+            before = state.offset
+            self._read_index(state, update, final=True, limit=limit)
+            moved |= state.offset != before
+        if not moved and not update:
+            return None
+        return update
+
+    def forget_before(self, token: int) -> None:
+        """Stop remembering the keys of tokens before ``token`` (a windowed compare has judged
+        them): a key of theirs met again is handed out again, as a late record."""
+        for state in self._ranks.values():
+            for old in [t for t in state.seen if t < token]:
+                del state.seen[old]
+
+    def scan_index(self) -> IndexScan:
+        """Count what the indexes hold without parsing them (a few MB at a time): how big a
+        compare will be, and whether it needs every record at once (cases, dropped files)."""
+        scan = IndexScan()
+        for state in self._discover():
+            try:
+                with open(state.path / lwf.INDEX, "rb") as fh:
+                    rest = b""
+                    while chunk := fh.read(4 << 20):
+                        chunk = rest + chunk
+                        cut = chunk.rfind(b"\n") + 1
+                        chunk, rest = chunk[:cut], chunk[cut:]
+                        scan.add(chunk)
+                    scan.add(rest)
+            except OSError:
+                continue
+        return scan
 
     def _discover(self) -> list[_Rank]:
         if self._single:
@@ -133,11 +194,17 @@ class LayerwatchReader(DirectoryReader):
             self._read_topology(state, update)
 
     # --- index -----------------------------------------------------------------------------
-    def _read_index(self, state: _Rank, update: ReaderUpdate, final: bool = False) -> None:
+    def _read_index(
+        self, state: _Rank, update: ReaderUpdate, final: bool = False, limit: int | None = None
+    ) -> None:
         try:
             with open(state.path / lwf.INDEX, "rb") as fh:
                 fh.seek(state.offset)
-                chunk = fh.read()
+                chunk = fh.read() if limit is None else fh.read(limit)
+                if limit is not None and len(chunk) == limit:
+                    final = False  # more to come: a cut line here is the chunk's edge
+                    if not whole_lines(chunk):  # one line longer than the chunk
+                        chunk += fh.readline()
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -174,8 +241,9 @@ class LayerwatchReader(DirectoryReader):
             except (KeyError, TypeError, ValueError, LayerwatchError) as exc:
                 update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad tensor line ({exc})")
                 return
-            if record.key not in state.seen:
-                state.seen.add(record.key)
+            seen = state.seen.setdefault(record.key.token, set())
+            if record.key not in seen:
+                seen.add(record.key)
                 update.tensors.append(record)
         elif kind == lwf.K_TOKEN:
             try:
