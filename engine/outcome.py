@@ -24,13 +24,13 @@ Files are replaced atomically (``capture/atomic.py``).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
-import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from layerwatch.capture.atomic import replacing, temp_path
 from layerwatch.capture.errors import LayerwatchError
@@ -163,7 +163,8 @@ class ReportStream:
     The file is written to its temp name (``capture/atomic.py``) and renamed in by
     :meth:`finish`. JSON needs the summary first: its rows wait in an anonymous temp file and
     are copied after the head. Stopped part-way (:meth:`finish` with ``incomplete``), the rows
-    written so far stay, marked incomplete (engine/report.py says how per format).
+    of every whole :meth:`add` stay, marked incomplete (engine/report.py says how per format);
+    an :meth:`add` that a Ctrl-C or a full disk cut short is cut back out.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, json_out: TextIO | None = None):
@@ -171,40 +172,47 @@ class ReportStream:
         self.kind = report_format(path) if path else ""
         self.json_out = json_out
         self.rows = 0
-        self._fh: TextIO | None = None
+        self._fh: BinaryIO | None = None
         self._tmp: Path | None = None
-        self._json_rows: Any = None
+        self._json_rows: BinaryIO | None = None
+        self._undo: list[tuple[BinaryIO, int]] = []
+        """Where each file stood before the :meth:`add` in flight."""
         try:
             if self.path is not None:
                 self._tmp = temp_path(self.path)
-                self._fh = open(self._tmp, "w", encoding="utf-8", newline="")  # noqa: SIM115 (closed by finish/discard)
+                self._fh = open(self._tmp, "wb")  # noqa: SIM115 (closed by finish/discard)
                 if self.kind == "csv":
-                    write_csv((), self._fh)
+                    header = io.StringIO()
+                    write_csv((), header)
+                    self._fh.write(header.getvalue().encode())
             if self.kind == "json" or json_out is not None:
-                self._json_rows = tempfile.TemporaryFile(  # noqa: SIM115 (closed by discard)
-                    "w+", encoding="utf-8", dir=self.path.parent if self.path else None
-                )
+                where = self.path.parent if self.path else None
+                self._json_rows = tempfile.TemporaryFile(dir=where)  # noqa: SIM115 (discard)
         except OSError as exc:
             self.discard()
             raise self._error(exc) from None
 
     def add(self, results: Sequence[PairResult]) -> None:
         """Write ``results`` (in report order, after every earlier call's)."""
+        parts: list[tuple[BinaryIO, bytes]] = []
+        if self._fh is not None and self.kind == "csv":
+            text = io.StringIO()
+            write_csv(results, text, header=False, start=self.rows)
+            parts.append((self._fh, text.getvalue().encode()))
+        elif self._fh is not None and self.kind == "jsonl":
+            parts.append(
+                (self._fh, "".join(dumps_json(json_row(r)) + "\n" for r in results).encode())
+            )
+        if self._json_rows is not None and results:
+            rows = ",".join(dumps_json(json_row(r)) for r in results)
+            parts.append((self._json_rows, (("," if self.rows else "") + rows).encode()))
         try:
-            if self.kind == "csv":
-                assert self._fh is not None
-                write_csv(results, self._fh, header=False, start=self.rows)
-            elif self.kind == "jsonl":
-                assert self._fh is not None
-                self._fh.writelines(dumps_json(json_row(r)) + "\n" for r in results)
-            if self._json_rows is not None:
-                sep = "," if self.rows else ""
-                for result in results:
-                    self._json_rows.write(sep + dumps_json(json_row(result)))
-                    sep = ","
+            self._undo = [(fh, fh.tell()) for fh, _ in parts]
+            for fh, data in parts:
+                fh.write(data)
+            self.rows, self._undo = self.rows + len(results), []
         except OSError as exc:
             raise self._error(exc) from None
-        self.rows += len(results)
 
     def finish(self, session: Any, incomplete: str = "") -> None:
         """The report's head (summary, findings) from ``session``; rename the file in."""
@@ -213,15 +221,22 @@ class ReportStream:
             head = {**{k: v for k, v in head.items() if k != "rows"}, "incomplete": incomplete}
             head["rows"] = []
         try:
+            for fh, at in self._undo:  # the add that was cut short: none of its rows
+                fh.seek(at)
+                fh.truncate()
+            self._undo = []
             if self._fh is not None:
                 if self.kind == "csv":
                     if incomplete:
-                        self._fh.write(f"# incomplete: {incomplete}\n")
+                        self._fh.write(f"# incomplete: {incomplete}\n".encode())
                 elif self.kind == "jsonl":
-                    self._fh.write(dumps_json({k: v for k, v in head.items() if k != "rows"}))
-                    self._fh.write("\n")
+                    line = dumps_json({k: v for k, v in head.items() if k != "rows"}) + "\n"
+                    self._fh.write(line.encode())
                 else:
-                    self._copy_json(head, self._fh)
+                    self._fh.write(json_head(head).encode())
+                    for block in self._json_blocks():
+                        self._fh.write(block)
+                    self._fh.write(b"]}")
                 self._fh.close()
                 assert self._tmp is not None and self.path is not None
                 os.replace(self._tmp, self.path)
@@ -238,16 +253,18 @@ class ReportStream:
             raise self._error(exc) from None
         try:
             if self.json_out is not None:  # stdout's own errors (a closed pipe) stay as they are
-                self._copy_json(head, self.json_out)
-                self.json_out.write("\n")
+                self.json_out.write(json_head(head))
+                for block in self._json_blocks():
+                    self.json_out.write(block.decode("ascii"))  # json.dumps escapes non-ASCII
+                self.json_out.write("]}\n")
         finally:
             self.discard()
 
-    def _copy_json(self, head: dict[str, Any], out: TextIO) -> None:
-        out.write(json_head(head))
+    def _json_blocks(self) -> Iterator[bytes]:
+        assert self._json_rows is not None
         self._json_rows.seek(0)
-        shutil.copyfileobj(self._json_rows, out)
-        out.write("]}")
+        while block := self._json_rows.read(1 << 20):
+            yield block
 
     def discard(self) -> None:
         """Close and remove the temp files (after :meth:`finish`, or instead of it)."""

@@ -49,8 +49,20 @@ def nodes_for(tensors: int) -> list[tuple[str, str]]:
     return out[: max(1, tensors // 2)]
 
 
-def write_dump(rank_dir: Path, tokens: int, tensors: int, *, noise: float, seed: int) -> int:
-    """One rank directory of ``tokens`` × ~``tensors`` tensors; returns the tensors written."""
+def write_dump(
+    rank_dir: Path,
+    tokens: int,
+    tensors: int,
+    *,
+    noise: float,
+    seed: int,
+    faults: tuple[tuple[int, int], ...] = (),
+    diverge_at: int | None = None,
+) -> int:
+    """One rank directory of ``tokens`` × ~``tensors`` tensors; returns the tensors written.
+
+    ``faults``: (token, node index) whose output is 10 % off from then on (a fault the session
+    must find); ``diverge_at``: this side was fed other input ids from that token on."""
     import torch
     from layerwatch.capture import format as lwf
     from layerwatch.capture.safetensors_file import write_batch_file
@@ -81,6 +93,9 @@ def write_dump(rank_dir: Path, tokens: int, tensors: int, *, noise: float, seed:
             values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
             if noise:
                 values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
+            for at, node in faults:
+                if token >= at:
+                    values[node, 1] *= 1.1
             file = lwf.data_file_name(token)
             entries = [
                 (lwf.tensor_name(token, name, stem), torch.float32, [ELEMENTS], values[i, j])
@@ -88,7 +103,8 @@ def write_dump(rank_dir: Path, tokens: int, tensors: int, *, noise: float, seed:
                 for j, stem in enumerate(("input_0", "output"))
             ]
             begin = write_batch_file(rank_dir / file, entries)
-            lines = [lwf.encode_line({"k": lwf.K_TOKEN, "token": token, "input_ids": [token]})]
+            ids = [token + (1000 if diverge_at is not None and token >= diverge_at else 0)]
+            lines = [lwf.encode_line({"k": lwf.K_TOKEN, "token": token, "input_ids": ids})]
             size = ELEMENTS * 4
             for i, (name, kind) in enumerate(nodes):
                 for j, stem in enumerate(("input_0", "output")):
