@@ -16,9 +16,11 @@ read as a clean pass: every pair unreadable; the prompt ids differ at token 0; m
 tensors are the cause) for a sub-graph compared on purpose.
 
 Report files: the suffix names the format — ``.csv`` (msit's columns plus verdicts), ``.json``
-(the ``--json`` object), ``.jsonl`` (one row per line, then one summary line); anything else is
-refused with one line naming these, before any work is done (:func:`check_report_path`).
-Files are replaced atomically (``capture/atomic.py``).
+(the ``--json`` object), ``.jsonl`` (one row per line, then one summary line), and for a
+comparison's pairs ``.parquet`` (engine/report.py); anything else is refused with one line naming
+these, before any work is done (:func:`check_report_path`). Files are replaced atomically
+(``capture/atomic.py``); a comparison's are written as its windows of tokens are judged
+(:class:`ReportStream`) and, stopped part-way, keep their rows marked incomplete.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ from typing import Any, BinaryIO, TextIO
 from layerwatch.capture.atomic import replacing, temp_path
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import PairResult, Verdict
-from layerwatch.engine.report import dumps_json, json_head, json_report, json_row, write_csv
+from layerwatch.engine.report import (
+    dumps_json,
+    json_head,
+    json_report,
+    json_row,
+    parquet_schema,
+    parquet_table,
+    write_csv,
+)
 from layerwatch.engine.seam import Summary
 from layerwatch.engine.wording import summary_text
 
@@ -44,6 +54,9 @@ EXIT_FINDING = 1
 EXIT_UNUSABLE = 2
 
 REPORT_SUFFIXES = (".csv", ".json", ".jsonl")
+PAIR_REPORT_SUFFIXES = (*REPORT_SUFFIXES, ".parquet")
+"""A comparison's pair rows may also go to Parquet (:class:`ReportStream`); the other report
+objects (scan, precheck, badcase, weights, per-case) are written whole by :func:`write_object_report`."""
 
 MOST_UNPAIRED = 0.5
 """Share of all tensors seen (both sides) without a partner above which the dumps are taken to
@@ -105,21 +118,23 @@ def mismatch(session: Any, *, allow_partial: bool = False) -> str | None:
     return None
 
 
-def report_format(path: str | os.PathLike[str]) -> str:
-    """``csv``, ``json`` or ``jsonl`` from ``path``'s suffix; any other suffix is a user error."""
+def report_format(path: str | os.PathLike[str], suffixes: tuple[str, ...] = REPORT_SUFFIXES) -> str:
+    """``csv``, ``json``, ``jsonl`` (or ``parquet`` where ``suffixes`` has it) from ``path``'s
+    suffix; any other suffix is a user error."""
     suffix = Path(path).suffix.lower()
-    if suffix not in REPORT_SUFFIXES:
+    if suffix not in suffixes:
         raise LayerwatchError(
             f"cannot write {path}: a report file ends in "
-            f"{', '.join(REPORT_SUFFIXES[:-1])} or {REPORT_SUFFIXES[-1]}"
+            f"{', '.join(suffixes[:-1])} or {suffixes[-1]}"
         )
     return suffix[1:]
 
 
-def check_report_path(path: str | os.PathLike[str] | None) -> None:
-    """Refuse an unsupported ``-o`` before the comparison runs (it may take minutes)."""
+def check_report_path(path: str | os.PathLike[str] | None, *, pairs: bool = False) -> None:
+    """Refuse an unsupported ``-o`` before the comparison runs (it may take minutes);
+    ``pairs``: a comparison's report (:class:`ReportStream`: Parquet too)."""
     if path:
-        report_format(path)
+        report_format(path, PAIR_REPORT_SUFFIXES if pairs else REPORT_SUFFIXES)
 
 
 def write_object_report(
@@ -169,18 +184,24 @@ class ReportStream:
 
     def __init__(self, path: str | os.PathLike[str] | None, json_out: TextIO | None = None):
         self.path = Path(path) if path else None
-        self.kind = report_format(path) if path else ""
+        self.kind = report_format(path, PAIR_REPORT_SUFFIXES) if path else ""
         self.json_out = json_out
         self.rows = 0
         self._fh: BinaryIO | None = None
         self._tmp: Path | None = None
         self._json_rows: BinaryIO | None = None
+        self._parquet: Any = None
+        """The pyarrow ParquetWriter of a ``.parquet`` report (a row group per :meth:`add`)."""
         self._undo: list[tuple[BinaryIO, int]] = []
         """Where each file stood before the :meth:`add` in flight."""
         try:
             if self.path is not None:
                 self._tmp = temp_path(self.path)
                 self._fh = open(self._tmp, "wb")  # noqa: SIM115 (closed by finish/discard)
+                if self.kind == "parquet":
+                    import pyarrow.parquet as pq
+
+                    self._parquet = pq.ParquetWriter(self._fh, parquet_schema())
                 if self.kind == "csv":
                     header = io.StringIO()
                     write_csv((), header)
@@ -206,10 +227,13 @@ class ReportStream:
         if self._json_rows is not None and results:
             rows = ",".join(dumps_json(json_row(r)) for r in results)
             parts.append((self._json_rows, (("," if self.rows else "") + rows).encode()))
+        table = parquet_table(results) if self._parquet is not None and results else None
         try:
             self._undo = [(fh, fh.tell()) for fh, _ in parts]
             for fh, data in parts:
                 fh.write(data)
+            if table is not None:
+                self._parquet.write_table(table)
             self.rows, self._undo = self.rows + len(results), []
         except OSError as exc:
             raise self._error(exc) from None
@@ -232,6 +256,10 @@ class ReportStream:
                 elif self.kind == "jsonl":
                     line = dumps_json({k: v for k, v in head.items() if k != "rows"}) + "\n"
                     self._fh.write(line.encode())
+                elif self.kind == "parquet":
+                    meta = dumps_json({k: v for k, v in head.items() if k != "rows"})
+                    self._parquet.add_key_value_metadata({"layerwatch": meta})
+                    self._parquet.close()
                 else:
                     self._fh.write(json_head(head).encode())
                     for block in self._json_blocks():

@@ -23,7 +23,8 @@ JSON (``layerwatch compare --json``, ``-o report.json``; keep these names stable
 counted apart. Non-finite metric values (an infinite relative error) are written as ``null``
 so the output stays strict JSON. JSON lines (``-o report.jsonl``): each row on its own line, then
 one line with the other keys. Parquet (``-o report.parquet``): the JSON rows as a table (one
-float64 column per metric), written a row group at a time. A report cut short (Ctrl-C, a full
+float64 column per metric; the other keys of the JSON object as the file's ``layerwatch`` metadata),
+written a row group per window of tokens; pandas reads it (``pandas.read_parquet``). A report cut short (Ctrl-C, a full
 disk) keeps its rows and says so: the JSON object and the JSONL last line get
 ``"incomplete": "<why>"``, the CSV a last line ``# incomplete: <why>``. Which file gets which format, and the exit codes, are
 engine/outcome.py's.
@@ -38,9 +39,22 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
 from layerwatch.engine.records import (
+    EXACT,
+    FIVE_THOUSANDTHS,
+    INF_GOLDEN,
+    INF_TARGET,
     INPUT_ERR,
     LOCAL,
+    MARGIN,
     MSIT_METRICS,
+    NAN_GOLDEN,
+    NAN_MISMATCH,
+    NAN_TARGET,
+    NORM_REL,
+    ONE_THOUSANDTH,
+    STAT_METRICS,
+    TOP1,
+    TOPK,
     PairResult,
     Stats,
     TensorRecord,
@@ -190,3 +204,55 @@ def json_head(report: dict[str, Any]) -> str:
     :func:`dumps_json` writes for the whole object (``rows`` is its last key)."""
     head = dumps_json({k: v for k, v in report.items() if k != "rows"})
     return head[:-1] + (',"rows":[' if len(head) > 2 else '"rows":[')
+
+
+METRIC_COLUMNS = (
+    *MSIT_METRICS,
+    NORM_REL,
+    ONE_THOUSANDTH,
+    FIVE_THOUSANDTHS,
+    NAN_MISMATCH,
+    NAN_GOLDEN,
+    NAN_TARGET,
+    INF_GOLDEN,
+    INF_TARGET,
+    TOP1,
+    TOPK,
+    MARGIN,
+    EXACT,
+    LOCAL,
+    INPUT_ERR,
+    *STAT_METRICS,
+)
+"""The Parquet report's metric columns (float64, null where a metric does not apply)."""
+
+
+def parquet_table(results: Sequence[PairResult]) -> Any:
+    """``results`` as a pyarrow Table: the JSON row's fields, one column per metric."""
+    import pyarrow as pa
+
+    columns: dict[str, list[Any]] = {
+        "token": [r.key.token for r in results],
+        "node": [r.key.node for r in results],
+        "tensor": [r.key.stem for r in results],
+        "verdict": [r.verdict.value for r in results],
+        "failed_metrics": [";".join(r.failed) for r in results],
+        "reason": [r.reason for r in results],
+    }
+    for name in METRIC_COLUMNS:
+        columns[name] = [r.metrics.get(name) for r in results]
+    return pa.table(columns, schema=parquet_schema())
+
+
+def parquet_schema() -> Any:
+    import pyarrow as pa
+
+    fields = [
+        ("token", pa.int64()),
+        ("node", pa.string()),
+        ("tensor", pa.string()),
+        ("verdict", pa.string()),
+        ("failed_metrics", pa.string()),
+        ("reason", pa.string()),
+    ]
+    return pa.schema(fields + [(name, pa.float64()) for name in METRIC_COLUMNS])

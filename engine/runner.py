@@ -79,7 +79,7 @@ def compare_main(args: argparse.Namespace) -> int:
         return compare_logits_main(args)
     output = getattr(args, "output", None)
     as_json = bool(getattr(args, "json", False))
-    check_report_path(output)
+    check_report_path(output, pairs=True)
     limit = getattr(args, "max_memory", None)
     limit_bytes = parse_size(limit) if limit else None
     progress = _Progress()

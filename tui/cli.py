@@ -117,14 +117,17 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_report_options(parser: argparse.ArgumentParser, csv: str = "", when: str = "") -> None:
+def add_report_options(
+    parser: argparse.ArgumentParser, csv: str = "", when: str = "", parquet: bool = False
+) -> None:
     """``-o FILE`` (the format its suffix names: engine/outcome.py) and ``--json``, as every
     headless command takes them; ``csv`` says what the CSV holds, ``when`` qualifies both."""
     parser.add_argument(
         "-o",
         "--output",
         metavar="FILE",
-        help=f"{when}write the report: .csv{f' ({csv})' if csv else ''}, .json or .jsonl",
+        help=f"{when}write the report: .csv{f' ({csv})' if csv else ''}, .json, .jsonl"
+        + (" or .parquet" if parquet else ""),
     )
     parser.add_argument(
         "--json", action="store_true", help=f"{when}print one JSON object to stdout"
@@ -133,7 +136,7 @@ def add_report_options(parser: argparse.ArgumentParser, csv: str = "", when: str
 
 def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = True) -> None:
     """Headless report options of run/watch/open (as ``compare``), and the attach idle rule."""
-    add_report_options(parser, when="with --headless: ")
+    add_report_options(parser, when="with --headless: ", parquet=True)
     if idle:
         parser.add_argument(
             "--idle",
@@ -272,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure"
     )
     add_dump_pair(compare)
-    add_report_options(compare, "msit columns + verdicts")
+    add_report_options(compare, "msit columns + verdicts", parquet=True)
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
     compare.add_argument(
         "--nodes",

@@ -6,6 +6,7 @@ Dumps are real layerwatch dumps written by capture's format code (tests/bench/be
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -169,3 +170,29 @@ def test_memory_a_pair_stays_within_the_budget_of_the_estimate(tmp_path: Path) -
     above = got["bytes_per_pair"] * got["pairs"]
     assert above <= STORE_BYTES * got["pairs"] + WINDOW_BYTES, got
     assert got["bytes_per_pair"] < 2_500, got  # a whole-run session: ~5 400
+
+
+def test_a_parquet_report_holds_the_json_rows_and_head(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    golden, target = _dumps(tmp_path, 6, 40, faults=((2, 4),))
+    out = tmp_path / "report.parquet"
+    done = subprocess.run(
+        [*CLI, "compare", str(golden), str(target), "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    table = pq.read_table(out).to_pylist()
+    assert len(table) == len(report["rows"]) == 240
+    for got, row in zip(table, report["rows"], strict=True):
+        assert (got["token"], got["node"], got["tensor"], got["verdict"], got["reason"]) == (
+            row["token"],
+            row["node"],
+            row["tensor"],
+            row["verdict"],
+            row["reason"],
+        )
+        assert {k: v for k, v in got.items() if k in row["metrics"]} == row["metrics"]
+    head = json.loads(pq.read_metadata(out).metadata[b"layerwatch"])
+    assert head["first_failure"] == report["first_failure"] and head["summary"]["fail"] >= 1
