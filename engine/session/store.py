@@ -127,7 +127,7 @@ class ResultStore:
     def _tuple(self, result: PairResult) -> tuple[Any, ...]:
         key = result.key
         s = self.strings.id
-        names = []
+        names: list[tuple[str, float | None]] = []
         pos = self._pool_n
         for name, value in result.metrics.items():
             if value in _CONST and math.copysign(1.0, value) > 0:

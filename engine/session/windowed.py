@@ -25,7 +25,7 @@ a tensor of a token whose window already closed is compared in a later window an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,7 +62,7 @@ class _Side:
 
 
 def windows(
-    readers: dict[str, ChunkReader], window: int | None = None
+    readers: Mapping[str, ChunkReader], window: int | None = None
 ) -> Iterator[dict[str, ReaderUpdate]]:
     """Both dumps as windows of whole tokens: per window and side, one ReaderUpdate with the
     records of those tokens (the first also carries topology, weights and notes; token ids come
@@ -167,10 +167,8 @@ class WindowedRun:
             logits_bad = [t for t, n in session._logits_fails.items() if n > 0]
             any_bad = list(session._fails)
         self._logits_seen |= logits_seen
-        if logits_bad:
-            self._logits_bad = min([*logits_bad, *filter(None.__ne__, [self._logits_bad])])
-        if any_bad:
-            self._any_bad = min([*any_bad, *filter(None.__ne__, [self._any_bad])])
+        self._logits_bad = _earliest(self._logits_bad, logits_bad)
+        self._any_bad = _earliest(self._any_bad, any_bad)
         for note in session.notes:
             self._notes.setdefault(note)
         for side in SIDES:
@@ -226,7 +224,7 @@ class WindowedRun:
 
 
 def compare_windows(
-    readers: dict[str, ChunkReader],
+    readers: Mapping[str, ChunkReader],
     make_session: Callable[[], CompareSession],
     sink: RowSink,
     progress: Callable[[int, int], None] | None = None,
@@ -258,6 +256,10 @@ def compare_windows(
         if first is not None:
             first.close()
     return run
+
+
+def _earliest(known: int | None, tokens: list[int]) -> int | None:
+    return min([*tokens, known]) if known is not None else min(tokens, default=None)
 
 
 def _offset(progress: Callable[[int, int], None], base: int) -> Callable[[int, int], None]:
