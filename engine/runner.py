@@ -198,6 +198,10 @@ def _compare_windowed(
             sys.stderr.write(f"layerwatch compare: stopped; {output} holds the rows so far\n")
         else:
             stream.discard()
+            if output:
+                sys.stderr.write(
+                    f"layerwatch compare: stopped before a row was written to {output}\n"
+                )
         raise
     except LayerwatchError as exc:  # cannot write the report (a full disk...)
         progress.clear()

@@ -36,7 +36,7 @@ from layerwatch.engine.session.core import CompareSession
 from layerwatch.engine.session.store import ResultStore
 
 SIDES = ("golden", "target")
-WINDOW_TENSORS = 4_096
+WINDOW_TENSORS = 2_048
 """Tensors of the golden side in one window (whole tokens; one token may be more): ~60 MB of
 records and results while the window is compared, freed after."""
 CHUNK_BYTES = 1 << 20

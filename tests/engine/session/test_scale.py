@@ -152,6 +152,7 @@ def test_a_compare_stopped_part_way_keeps_its_rows_marked_incomplete(tmp_path: P
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert report.exists(), err
     lines = report.read_text().splitlines()
     assert lines[-1].startswith("# incomplete: stopped by the user after "), lines[-1]
     rows = int(lines[-1].split("after ")[1].split()[0])
