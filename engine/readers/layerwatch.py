@@ -39,6 +39,8 @@ def detect(path: Path) -> bool:
     return any(e.is_dir() and is_rank_dir(Path(e.path)) for e in scandir(path))
 
 
+DECODE_LINES = 512
+"""Index lines decoded by one ``json.loads`` (a block, so a big index never becomes one list)."""
 FORCED_NOTES = 3
 """Teacher-forced flips noted per rank (the first ones matter; the rest would be noise)."""
 
@@ -57,6 +59,8 @@ class _Rank:
     """The final scan said that the last index line is cut short."""
     forced: int = 0
     """Steps at which ``follow`` fed the golden's token instead of the target's own choice."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Data file name in the index → its path."""
 
 
 @dataclass(slots=True)
@@ -219,18 +223,29 @@ class LayerwatchReader(DirectoryReader):
             return  # only a partial line so far
         start_offset = state.offset
         state.offset += whole
-        for lineno, line in enumerate(chunk[:whole].splitlines()):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
+        lines = chunk[:whole].splitlines()
+        for first in range(0, len(lines), DECODE_LINES):
+            block = lines[first : first + DECODE_LINES]
+            try:  # one decode call for a block of lines: a third of the per-line cost
+                objs = json.loads(b"[" + b",".join(line for line in block if line.strip()) + b"]")
             except ValueError:
-                update.notes.append(
-                    f"{state.path / lwf.INDEX}: skipped a corrupt index line "
-                    f"(line {lineno + 1} after byte {start_offset})"
-                )
+                objs = None
+            if isinstance(objs, list):
+                for obj in objs:
+                    self._apply(state, obj, update)
                 continue
-            self._apply(state, obj, update)
+            for lineno, line in enumerate(block, first):  # a corrupt line in the block
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    update.notes.append(
+                        f"{state.path / lwf.INDEX}: skipped a corrupt index line "
+                        f"(line {lineno + 1} after byte {start_offset})"
+                    )
+                    continue
+                self._apply(state, obj, update)
 
     def _apply(self, state: _Rank, obj: dict, update: ReaderUpdate) -> None:
         kind = obj.get("k")
@@ -294,7 +309,9 @@ class LayerwatchReader(DirectoryReader):
         loc = None
         source = ""
         if entry.file:
-            source = os.path.join(state.path, entry.file)
+            source = state.files.get(entry.file) or state.files.setdefault(
+                entry.file, os.path.join(state.path, entry.file)
+            )  # one string per data file, shared by its records
             loc = Locator(source, entry.begin, entry.end - entry.begin, dtype, entry.shape)
         return TensorRecord(
             key=TensorKey(entry.token, entry.node, entry.stem, state.rank),
