@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -197,3 +198,28 @@ def test_a_parquet_report_holds_the_json_rows_and_head(tmp_path: Path) -> None:
         assert {k: v for k, v in got.items() if k in row["metrics"]} == row["metrics"]
     head = json.loads(pq.read_metadata(out).metadata[b"layerwatch"])
     assert head["first_failure"] == report["first_failure"] and head["summary"]["fail"] >= 1
+
+
+def test_a_full_disk_keeps_the_rows_written_marked_incomplete(tmp_path: Path) -> None:
+    """A file-size limit stands in for a full disk: the write that fails is cut back out,
+    the rows before it stay, the report says why it stops there; one line, exit 2."""
+    golden, target = _dumps(tmp_path, 10, 2000)
+    report = tmp_path / "report.csv"
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3_000_000, 3_000_000))
+
+    done = subprocess.run(
+        [*CLI, "compare", str(golden), str(target), "-o", str(report), "--jobs", "1"],
+        preexec_fn=limit,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "File too large" in done.stderr
+    lines = report.read_text().splitlines()
+    assert lines[-1].startswith("# incomplete: stopped after "), lines[-1]
+    rows = int(lines[-1].split("after ")[1].split()[0])
+    assert 0 < rows < 20_000 and rows == len(lines) - 2
+    assert [int(line.split(",")[1]) for line in lines[1:-1]] == list(range(rows))
