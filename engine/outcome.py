@@ -16,23 +16,36 @@ read as a clean pass: every pair unreadable; the prompt ids differ at token 0; m
 tensors are the cause) for a sub-graph compared on purpose.
 
 Report files: the suffix names the format — ``.csv`` (msit's columns plus verdicts), ``.json``
-(the ``--json`` object), ``.jsonl`` (one row per line, then one summary line); anything else is
-refused with one line naming these, before any work is done (:func:`check_report_path`).
-Files are replaced atomically (``capture/atomic.py``).
+(the ``--json`` object), ``.jsonl`` (one row per line, then one summary line), and for a
+comparison's pairs ``.parquet`` (engine/report.py); anything else is refused with one line naming
+these, before any work is done (:func:`check_report_path`). Files are replaced atomically
+(``capture/atomic.py``); a comparison's are written as its windows of tokens are judged
+(:class:`ReportStream`) and, stopped part-way, keep their rows marked incomplete.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
-from layerwatch.capture.atomic import replacing
+from layerwatch.capture.atomic import replacing, temp_path
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import PairResult, Verdict
-from layerwatch.engine.report import dumps_json, json_report, write_csv, write_jsonl
+from layerwatch.engine.report import (
+    dumps_json,
+    json_head,
+    json_report,
+    json_row,
+    parquet_schema,
+    parquet_table,
+    write_csv,
+)
 from layerwatch.engine.seam import Summary
 from layerwatch.engine.wording import summary_text
 
@@ -41,6 +54,9 @@ EXIT_FINDING = 1
 EXIT_UNUSABLE = 2
 
 REPORT_SUFFIXES = (".csv", ".json", ".jsonl")
+PAIR_REPORT_SUFFIXES = (*REPORT_SUFFIXES, ".parquet")
+"""A comparison's pair rows may also go to Parquet (:class:`ReportStream`); the other report
+objects (scan, precheck, badcase, weights, per-case) are written whole by :func:`write_object_report`."""
 
 MOST_UNPAIRED = 0.5
 """Share of all tensors seen (both sides) without a partner above which the dumps are taken to
@@ -70,7 +86,11 @@ def mismatch(session: Any, *, allow_partial: bool = False) -> str | None:
     """
     s = session.summary
     if s.pairs and s.error == s.pairs:
-        first = next((r for r in session.results() if r.verdict is Verdict.ERROR), None)
+        first = (
+            session.first_error
+            if hasattr(session, "first_error")  # a windowed run keeps its first error
+            else next((r for r in session.results() if r.verdict is Verdict.ERROR), None)
+        )
         why = f": {first.reason}" if first is not None and first.reason else ""
         return f"every one of the {_n(s.pairs)} pairs could not be read{why}"
     ids = {side: session.token_ids(side).get(0) for side in ("golden", "target")}
@@ -98,21 +118,23 @@ def mismatch(session: Any, *, allow_partial: bool = False) -> str | None:
     return None
 
 
-def report_format(path: str | os.PathLike[str]) -> str:
-    """``csv``, ``json`` or ``jsonl`` from ``path``'s suffix; any other suffix is a user error."""
+def report_format(path: str | os.PathLike[str], suffixes: tuple[str, ...] = REPORT_SUFFIXES) -> str:
+    """``csv``, ``json``, ``jsonl`` (or ``parquet`` where ``suffixes`` has it) from ``path``'s
+    suffix; any other suffix is a user error."""
     suffix = Path(path).suffix.lower()
-    if suffix not in REPORT_SUFFIXES:
+    if suffix not in suffixes:
         raise LayerwatchError(
             f"cannot write {path}: a report file ends in "
-            f"{', '.join(REPORT_SUFFIXES[:-1])} or {REPORT_SUFFIXES[-1]}"
+            f"{', '.join(suffixes[:-1])} or {suffixes[-1]}"
         )
     return suffix[1:]
 
 
-def check_report_path(path: str | os.PathLike[str] | None) -> None:
-    """Refuse an unsupported ``-o`` before the comparison runs (it may take minutes)."""
+def check_report_path(path: str | os.PathLike[str] | None, *, pairs: bool = False) -> None:
+    """Refuse an unsupported ``-o`` before the comparison runs (it may take minutes);
+    ``pairs``: a comparison's report (:class:`ReportStream`: Parquet too)."""
     if path:
-        report_format(path)
+        report_format(path, PAIR_REPORT_SUFFIXES if pairs else REPORT_SUFFIXES)
 
 
 def write_object_report(
@@ -137,7 +159,7 @@ def write_object_report(
         raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None
 
 
-def _report_object(session: Any, results: Sequence[PairResult]) -> dict[str, Any]:
+def _report_object(session: Any, results: Sequence[PairResult] = ()) -> dict[str, Any]:
     return json_report(
         results,
         session.summary,
@@ -148,6 +170,147 @@ def _report_object(session: Any, results: Sequence[PairResult]) -> dict[str, Any
     )
 
 
+class ReportStream:
+    """The report file (``path``, format by suffix) and the ``--json`` object (``json_out``),
+    written as rows come — a window of tokens at a time (engine/session/windowed.py) — so a
+    headless compare never holds every row.
+
+    The file is written to its temp name (``capture/atomic.py``) and renamed in by
+    :meth:`finish`. JSON needs the summary first: its rows wait in an anonymous temp file and
+    are copied after the head. Stopped part-way (:meth:`finish` with ``incomplete``), the rows
+    of every whole :meth:`add` stay, marked incomplete (engine/report.py says how per format);
+    an :meth:`add` that a Ctrl-C or a full disk cut short is cut back out.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None, json_out: TextIO | None = None):
+        self.path = Path(path) if path else None
+        self.kind = report_format(path, PAIR_REPORT_SUFFIXES) if path else ""
+        self.json_out = json_out
+        self.rows = 0
+        self._fh: BinaryIO | None = None
+        self._tmp: Path | None = None
+        self._json_rows: BinaryIO | None = None
+        self._parquet: Any = None
+        """The pyarrow ParquetWriter of a ``.parquet`` report (a row group per :meth:`add`)."""
+        self._undo: list[tuple[BinaryIO, int]] = []
+        """Where each file stood before the :meth:`add` in flight."""
+        try:
+            if self.path is not None:
+                self._tmp = temp_path(self.path)
+                self._fh = open(self._tmp, "wb")  # noqa: SIM115 (closed by finish/discard)
+                if self.kind == "parquet":
+                    import pyarrow.parquet as pq
+
+                    self._parquet = pq.ParquetWriter(self._fh, parquet_schema())
+                if self.kind == "csv":
+                    header = io.StringIO()
+                    write_csv((), header)
+                    self._fh.write(header.getvalue().encode())
+            if self.kind == "json" or json_out is not None:
+                where = self.path.parent if self.path else None
+                self._json_rows = tempfile.TemporaryFile(dir=where)  # noqa: SIM115 (discard)
+        except OSError as exc:
+            self.discard()
+            raise self._error(exc) from None
+
+    def add(self, results: Sequence[PairResult]) -> None:
+        """Write ``results`` (in report order, after every earlier call's)."""
+        parts: list[tuple[BinaryIO, bytes]] = []
+        if self._fh is not None and self.kind == "csv":
+            text = io.StringIO()
+            write_csv(results, text, header=False, start=self.rows)
+            parts.append((self._fh, text.getvalue().encode()))
+        elif self._fh is not None and self.kind == "jsonl":
+            parts.append(
+                (self._fh, "".join(dumps_json(json_row(r)) + "\n" for r in results).encode())
+            )
+        if self._json_rows is not None and results:
+            rows = ",".join(dumps_json(json_row(r)) for r in results)
+            parts.append((self._json_rows, (("," if self.rows else "") + rows).encode()))
+        table = parquet_table(results) if self._parquet is not None and results else None
+        try:
+            self._undo = [(fh, fh.tell()) for fh, _ in parts]
+            for fh, data in parts:
+                fh.write(data)
+            if table is not None:
+                self._parquet.write_table(table)
+            self.rows, self._undo = self.rows + len(results), []
+        except OSError as exc:
+            raise self._error(exc) from None
+
+    def finish(self, session: Any, incomplete: str = "") -> None:
+        """The report's head (summary, findings) from ``session``; rename the file in."""
+        head = _report_object(session)
+        if incomplete:
+            head = {**{k: v for k, v in head.items() if k != "rows"}, "incomplete": incomplete}
+            head["rows"] = []
+        try:
+            for fh, at in self._undo:  # the add that was cut short: none of its rows
+                fh.seek(at)
+                fh.truncate()
+            self._undo = []
+            if self._fh is not None:
+                if self.kind == "csv":
+                    if incomplete:
+                        self._fh.write(f"# incomplete: {incomplete}\n".encode())
+                elif self.kind == "jsonl":
+                    line = dumps_json({k: v for k, v in head.items() if k != "rows"}) + "\n"
+                    self._fh.write(line.encode())
+                elif self.kind == "parquet":
+                    meta = dumps_json({k: v for k, v in head.items() if k != "rows"})
+                    self._parquet.add_key_value_metadata({"layerwatch": meta})
+                    self._parquet.close()
+                else:
+                    self._fh.write(json_head(head).encode())
+                    for block in self._json_blocks():
+                        self._fh.write(block)
+                    self._fh.write(b"]}")
+                self._fh.close()
+                assert self._tmp is not None and self.path is not None
+                os.replace(self._tmp, self.path)
+                self._tmp = None
+        except OSError as exc:
+            if incomplete and self._tmp is not None and self.path is not None:
+                with contextlib.suppress(OSError):  # the disk is full: keep what is written
+                    assert self._fh is not None
+                    self._fh.close()
+                with contextlib.suppress(OSError):
+                    os.replace(self._tmp, self.path)
+                    self._tmp = None
+            self.discard()
+            raise self._error(exc) from None
+        try:
+            if self.json_out is not None:  # stdout's own errors (a closed pipe) stay as they are
+                self.json_out.write(json_head(head))
+                for block in self._json_blocks():
+                    self.json_out.write(block.decode("ascii"))  # json.dumps escapes non-ASCII
+                self.json_out.write("]}\n")
+        finally:
+            self.discard()
+
+    def _json_blocks(self) -> Iterator[bytes]:
+        assert self._json_rows is not None
+        self._json_rows.seek(0)
+        while block := self._json_rows.read(1 << 20):
+            yield block
+
+    def discard(self) -> None:
+        """Close and remove the temp files (after :meth:`finish`, or instead of it)."""
+        for fh in (self._fh, self._json_rows):
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    fh.close()
+        self._fh = self._json_rows = None
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+            self._tmp = None
+
+    def _error(self, exc: OSError) -> LayerwatchError:
+        why = exc.strerror or str(exc)
+        return LayerwatchError(f"cannot write {self.path or 'the report'}: {why}")
+
+
 def write_report(
     path: str | os.PathLike[str], session: Any, results: Sequence[PairResult] | None = None
 ) -> str:
@@ -156,18 +319,9 @@ def write_report(
     ``results``: ``session.results()`` when the caller has them already (they are sorted on
     every call). A file system error becomes one line naming ``path`` (a LayerwatchError).
     """
-    kind = report_format(path)
-    rows = session.results() if results is None else results
-    try:
-        with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
-            if kind == "csv":
-                write_csv(rows, fh)
-            elif kind == "json":
-                fh.write(dumps_json(_report_object(session, rows)))
-            else:
-                write_jsonl(_report_object(session, rows), fh)
-    except OSError as exc:
-        raise LayerwatchError(f"cannot write {path}: {exc.strerror or exc}") from None
+    stream = ReportStream(path)
+    stream.add(session.results() if results is None else results)
+    stream.finish(session)
     return str(path)
 
 
@@ -188,22 +342,29 @@ def conclude(
     notes: Sequence[str] = (),
     failed_commands: Sequence[str] = (),
     allow_partial: bool = False,
+    stream: ReportStream | None = None,
 ) -> int:
     """End a finished comparison: the report file, stdout, the exit code.
+
+    ``stream``: the rows went out already as they were compared (a windowed compare,
+    engine/session/windowed.py); only the head and the end of the report are left to write.
 
     ``empty`` says why there was nothing to compare (then exit 2, nothing written). stdout gets
     the ``--json`` object, else the short summary and ``notes`` — unless ``summary_with_report``
     is false and a report file was written (``compare -o`` prints nothing, as it always has).
     Mismatched dumps (:func:`mismatch`) then end as a LayerwatchError: one line, exit 2.
     """
-    results = session.results()
-    if not results:
+    if stream is None:
+        results = session.results()
+        if not results:
+            raise LayerwatchError(f"nothing to compare: {empty}")
+        stream = ReportStream(output, out if as_json else None)
+        stream.add(results)
+    elif not stream.rows:
+        stream.discard()
         raise LayerwatchError(f"nothing to compare: {empty}")
-    if output:
-        write_report(output, session, results)
-    if as_json:
-        out.write(dumps_json(_report_object(session, results)) + "\n")
-    elif summary_with_report or not output:
+    stream.finish(session)  # the file, then the --json object on stdout
+    if not as_json and (summary_with_report or not output):
         out.write(summary_text(session) + "\n")
         for note in notes:
             out.write(f"note: {note}\n")

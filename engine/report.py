@@ -22,7 +22,11 @@ JSON (``layerwatch compare --json``, ``-o report.json``; keep these names stable
 ``summary.pairs`` counts compared pairs (pass + fail + diverged + error); unpaired tensors are
 counted apart. Non-finite metric values (an infinite relative error) are written as ``null``
 so the output stays strict JSON. JSON lines (``-o report.jsonl``): each row on its own line, then
-one line with the other keys. Which file gets which format, and the exit codes, are
+one line with the other keys. Parquet (``-o report.parquet``): the JSON rows as a table (one
+float64 column per metric; the other keys of the JSON object as the file's ``layerwatch`` metadata),
+written a row group per window of tokens; pandas reads it (``pandas.read_parquet``). A report cut short (Ctrl-C, a full
+disk) keeps its rows and says so: the JSON object and the JSONL last line get
+``"incomplete": "<why>"``, the CSV a last line ``# incomplete: <why>``. Which file gets which format, and the exit codes, are
 engine/outcome.py's.
 """
 
@@ -35,9 +39,22 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
 from layerwatch.engine.records import (
+    EXACT,
+    FIVE_THOUSANDTHS,
+    INF_GOLDEN,
+    INF_TARGET,
     INPUT_ERR,
     LOCAL,
+    MARGIN,
     MSIT_METRICS,
+    NAN_GOLDEN,
+    NAN_MISMATCH,
+    NAN_TARGET,
+    NORM_REL,
+    ONE_THOUSANDTH,
+    STAT_METRICS,
+    TOP1,
+    TOPK,
     PairResult,
     Stats,
     TensorRecord,
@@ -121,13 +138,17 @@ def csv_row(result: PairResult, data_id: int) -> list[str]:
     ]
 
 
-def write_csv(results: Iterable[PairResult], out: TextIO) -> int:
-    """Write the header and one row per result; returns the number of rows."""
+def write_csv(
+    results: Iterable[PairResult], out: TextIO, *, header: bool = True, start: int = 0
+) -> int:
+    """Write the header and one row per result, ``data_id`` from ``start`` (a report written a
+    window at a time goes on where the last one ended); returns the number of rows."""
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    if header:
+        writer.writerow(CSV_COLUMNS)
     rows = 0
     for rows, result in enumerate(results, 1):
-        writer.writerow(csv_row(result, rows - 1))
+        writer.writerow(csv_row(result, start + rows - 1))
     return rows
 
 
@@ -147,6 +168,13 @@ def _finding(finding: Finding | None) -> dict[str, Any] | None:
     return out
 
 
+def json_row(result: PairResult) -> dict[str, Any]:
+    """One ``rows`` entry of the ``--json`` object."""
+    row = result.to_json()
+    row["metrics"] = _metrics(result.metrics)
+    return row
+
+
 def json_report(
     results: Sequence[PairResult],
     summary: Summary,
@@ -156,18 +184,13 @@ def json_report(
     divergence: Divergence | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` object (module docstring)."""
-    rows = []
-    for result in results:
-        row = result.to_json()
-        row["metrics"] = _metrics(result.metrics)
-        rows.append(row)
     return {
         "summary": summary.to_json(),
         "first_failure": _finding(first_failure),
         "root_cause": _finding(root_cause),
         "first_bad_token": first_bad_token,
         "divergence": divergence.to_json() if divergence is not None else None,
-        "rows": rows,
+        "rows": [json_row(r) for r in results],
     }
 
 
@@ -175,11 +198,61 @@ def dumps_json(report: dict[str, Any]) -> str:
     return json.dumps(report, allow_nan=False, separators=(",", ":"))
 
 
-def write_jsonl(report: dict[str, Any], out: TextIO) -> int:
-    """The ``--json`` object as lines: one per row, then one line with everything but the rows
-    (so a script can stream the rows and still find the verdict). Returns the number of rows."""
-    rows = report["rows"]
-    for row in rows:
-        out.write(dumps_json(row) + "\n")
-    out.write(dumps_json({k: v for k, v in report.items() if k != "rows"}) + "\n")
-    return len(rows)
+def json_head(report: dict[str, Any]) -> str:
+    """The ``--json`` object up to its rows: ``{"summary":…,"rows":[`` — the rows (each
+    :func:`dumps_json`, comma-separated) and ``]}`` follow, byte for byte what
+    :func:`dumps_json` writes for the whole object (``rows`` is its last key)."""
+    head = dumps_json({k: v for k, v in report.items() if k != "rows"})
+    return head[:-1] + (',"rows":[' if len(head) > 2 else '"rows":[')
+
+
+METRIC_COLUMNS = (
+    *MSIT_METRICS,
+    NORM_REL,
+    ONE_THOUSANDTH,
+    FIVE_THOUSANDTHS,
+    NAN_MISMATCH,
+    NAN_GOLDEN,
+    NAN_TARGET,
+    INF_GOLDEN,
+    INF_TARGET,
+    TOP1,
+    TOPK,
+    MARGIN,
+    EXACT,
+    LOCAL,
+    INPUT_ERR,
+    *STAT_METRICS,
+)
+"""The Parquet report's metric columns (float64, null where a metric does not apply)."""
+
+
+def parquet_table(results: Sequence[PairResult]) -> Any:
+    """``results`` as a pyarrow Table: the JSON row's fields, one column per metric."""
+    import pyarrow as pa
+
+    columns: dict[str, list[Any]] = {
+        "token": [r.key.token for r in results],
+        "node": [r.key.node for r in results],
+        "tensor": [r.key.stem for r in results],
+        "verdict": [r.verdict.value for r in results],
+        "failed_metrics": [";".join(r.failed) for r in results],
+        "reason": [r.reason for r in results],
+    }
+    for name in METRIC_COLUMNS:
+        columns[name] = [r.metrics.get(name) for r in results]
+    return pa.table(columns, schema=parquet_schema())
+
+
+def parquet_schema() -> Any:
+    import pyarrow as pa
+
+    fields = [
+        ("token", pa.int64()),
+        ("node", pa.string()),
+        ("tensor", pa.string()),
+        ("verdict", pa.string()),
+        ("failed_metrics", pa.string()),
+        ("reason", pa.string()),
+    ]
+    return pa.schema(fields + [(name, pa.float64()) for name in METRIC_COLUMNS])

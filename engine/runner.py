@@ -8,11 +8,21 @@ pandas on this path (readers parse ``.pth`` zips themselves).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections.abc import Callable
+from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from layerwatch.capture.errors import LayerwatchError
+
+if TYPE_CHECKING:
+    from layerwatch.capture.tokens import TokenSelection
+    from layerwatch.engine.readers.base import ReaderUpdate
+    from layerwatch.engine.session.budget import Estimate
+    from layerwatch.engine.session.core import CompareSession
 
 
 class _Progress:
@@ -73,6 +83,7 @@ def compare_main(args: argparse.Namespace) -> int:
 
     from layerwatch.engine.outcome import check_report_path, conclude
     from layerwatch.engine.readers import open_dump
+    from layerwatch.engine.session.budget import Estimate, check, parse_size
     from layerwatch.engine.session.core import CompareSession
 
     tokens = parse_tokens(args.tokens) if getattr(args, "tokens", None) else None
@@ -85,7 +96,11 @@ def compare_main(args: argparse.Namespace) -> int:
 
     if is_logits_pair(args.golden, args.target):  # msit logitscmp folders: per-case logits
         return compare_logits_main(args)
-    check_report_path(getattr(args, "output", None))
+    output = getattr(args, "output", None)
+    as_json = bool(getattr(args, "json", False))
+    check_report_path(output, pairs=True)
+    limit = getattr(args, "max_memory", None)
+    limit_bytes = parse_size(limit) if limit else None
 
     def make_session(thresholds: object = None) -> CompareSession:
         return CompareSession(
@@ -94,7 +109,7 @@ def compare_main(args: argparse.Namespace) -> int:
             tokens=tokens,
             jobs=jobs,
             auto_map=True if getattr(args, "auto_map", False) else None,
-            side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
+            side_stats=bool(output),  # msit's max/min/mean CSV columns
         )
 
     if getattr(args, "fake_quant", None):  # three dumps: quantisation vs kernel error
@@ -107,22 +122,30 @@ def compare_main(args: argparse.Namespace) -> int:
         "golden": open_dump(args.golden, side="golden"),
         "target": open_dump(args.target, side="target"),
     }
+    nodes = getattr(args, "nodes", None)
+    keep = (lambda update: _only_nodes(update, nodes)) if nodes else (lambda update: update)
+    empty = f"no tensors in {args.golden} and {args.target}" + (
+        f" for tokens {args.tokens}" if tokens else ""
+    )
+    streamable = _streamable(readers, tokens, args)
+    if streamable is not None:
+        check(streamable, limit_bytes)
+        return _compare_windowed(args, readers, make_session, keep, progress, empty)
     session = make_session()
     try:
         # Parsed here, one after the other: a second process parsing one dump in parallel saved
         # ~25 ms on a quiet box and cost ~60 ms on a busy one (the records must be pickled
         # back), while each dump parses in ~40 ms per thousand .pth files.
-        updates = {side: reader.poll(None, final=True) for side, reader in readers.items()}
+        updates = {side: keep(reader.poll(None, final=True)) for side, reader in readers.items()}
         _spread_ranks(updates, args)
         from layerwatch.engine.cases import compare_cases, conclude_cases, has_cases
 
         if has_cases(*updates.values()):  # several prompts in one dump: case by case
             return conclude_cases(
-                compare_cases(updates, make_session),
-                sys.stdout,
-                output=getattr(args, "output", None),
-                as_json=bool(getattr(args, "json", False)),
+                compare_cases(updates, make_session), sys.stdout, output=output, as_json=as_json
             )
+        n = len(updates["golden"].tensors)
+        check(Estimate(n, len(updates["golden"].token_ids) or 1, windowed=False), limit_bytes)
         for side in ("golden", "target"):
             session.add_update(side, updates[side])
             session.finish(side)
@@ -133,10 +156,116 @@ def compare_main(args: argparse.Namespace) -> int:
     return conclude(
         session,
         sys.stdout,
-        output=getattr(args, "output", None),
-        as_json=bool(getattr(args, "json", False)),
-        empty=f"no tensors in {args.golden} and {args.target}"
-        + (f" for tokens {args.tokens}" if tokens else ""),
+        output=output,
+        as_json=as_json,
+        empty=empty,
         summary_with_report=False,
         allow_partial=bool(getattr(args, "allow_partial", False)),
     )
+
+
+def _only_nodes(update: ReaderUpdate, pattern: str) -> ReaderUpdate:
+    """``--nodes GLOB``: the tensors of matching nodes (names as each dump has them)."""
+    update.tensors = [r for r in update.tensors if fnmatchcase(r.key.node, pattern)]
+    return update
+
+
+def _streamable(
+    readers: dict[str, Any], tokens: TokenSelection | None, args: argparse.Namespace
+) -> Estimate | None:
+    """Both dumps are single-rank layerwatch dumps without cases or dropped files: they can be
+    compared a window of tokens at a time; the estimate of that compare's size. None: the
+    whole-run path (a tensor-parallel dump needs every rank's records to spread the golden)."""
+    from layerwatch.engine.readers.layerwatch import LayerwatchReader
+    from layerwatch.engine.session.budget import Estimate
+    from layerwatch.engine.session.ranks import world_size
+
+    if not all(isinstance(r, LayerwatchReader) for r in readers.values()):
+        return None
+    if any((world_size(path) or 1) > 1 for path in (args.golden, args.target)):
+        return None
+    scans = [r.scan_index() for r in readers.values()]
+    if any(s.cases or s.drops for s in scans):
+        return None
+    golden = scans[0]
+    share = 1.0
+    if tokens is not None and golden.tokens:
+        share = sum(t in tokens for t in range(golden.tokens)) / golden.tokens
+    return Estimate(int(golden.tensors * share), golden.tokens or 1, windowed=True)
+
+
+def _compare_windowed(
+    args: argparse.Namespace,
+    readers: dict[str, Any],
+    make_session: Callable[[], CompareSession],
+    keep: Callable[[ReaderUpdate], ReaderUpdate],
+    progress: _Progress,
+    empty: str,
+) -> int:
+    """engine/session/windowed.py: rows are written as each window of tokens is judged; a run
+    stopped part-way (Ctrl-C, a full disk) keeps them in a report marked incomplete."""
+    from layerwatch.engine.outcome import ReportStream, conclude
+    from layerwatch.engine.session.windowed import WindowedRun, compare_windows
+
+    output = getattr(args, "output", None)
+    as_json = bool(getattr(args, "json", False))
+    stream = ReportStream(output, sys.stdout if as_json else None)
+    chunks = {side: _Filtered(reader, keep) for side, reader in readers.items()}
+    run = WindowedRun()
+    try:
+        run = compare_windows(
+            chunks,
+            make_session,
+            stream,
+            progress=progress.pairs if progress.enabled else None,
+            run=run,
+        )
+    except KeyboardInterrupt:
+        progress.clear()
+        if output and stream.rows:
+            stream.json_out = None  # stdout gets nothing of a run cut short
+            stream.finish(run, incomplete=f"stopped by the user after {stream.rows} rows")
+            sys.stderr.write(f"layerwatch compare: stopped; {output} holds the rows so far\n")
+        else:
+            stream.discard()
+            if output:
+                sys.stderr.write(
+                    f"layerwatch compare: stopped before a row was written to {output}\n"
+                )
+        raise
+    except LayerwatchError as exc:  # cannot write the report (a full disk...)
+        progress.clear()
+        if output and stream.rows:
+            stream.json_out = None
+            with contextlib.suppress(LayerwatchError):
+                stream.finish(run, incomplete=f"stopped after {stream.rows} rows: {exc}")
+        else:
+            stream.discard()
+        raise
+    finally:
+        progress.clear()
+    return conclude(
+        run,
+        sys.stdout,
+        output=output,
+        as_json=as_json,
+        empty=empty,
+        summary_with_report=False,
+        allow_partial=bool(getattr(args, "allow_partial", False)),
+        stream=stream,
+    )
+
+
+class _Filtered:
+    """A chunk reader whose updates pass through ``keep`` (``--nodes``)."""
+
+    def __init__(self, reader: Any, keep: Callable[[ReaderUpdate], ReaderUpdate]) -> None:
+        self.reader = reader
+        self.keep = keep
+
+    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
+        update = self.reader.poll_chunk(limit)
+        return None if update is None else self.keep(update)
+
+    def forget_before(self, token: int) -> None:
+        self.reader.forget_before(token)

@@ -119,14 +119,17 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_report_options(parser: argparse.ArgumentParser, csv: str = "", when: str = "") -> None:
+def add_report_options(
+    parser: argparse.ArgumentParser, csv: str = "", when: str = "", parquet: bool = False
+) -> None:
     """``-o FILE`` (the format its suffix names: engine/outcome.py) and ``--json``, as every
     headless command takes them; ``csv`` says what the CSV holds, ``when`` qualifies both."""
     parser.add_argument(
         "-o",
         "--output",
         metavar="FILE",
-        help=f"{when}write the report: .csv{f' ({csv})' if csv else ''}, .json or .jsonl",
+        help=f"{when}write the report: .csv{f' ({csv})' if csv else ''}, .json, .jsonl"
+        + (" or .parquet" if parquet else ""),
     )
     parser.add_argument(
         "--json", action="store_true", help=f"{when}print one JSON object to stdout"
@@ -135,7 +138,7 @@ def add_report_options(parser: argparse.ArgumentParser, csv: str = "", when: str
 
 def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = True) -> None:
     """Headless report options of run/watch/open (as ``compare``), and the attach idle rule."""
-    add_report_options(parser, when="with --headless: ")
+    add_report_options(parser, when="with --headless: ", parquet=True)
     if idle:
         parser.add_argument(
             "--idle",
@@ -287,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure"
     )
     add_dump_pair(compare)
-    add_report_options(compare, "msit columns + verdicts")
+    add_report_options(compare, "msit columns + verdicts", parquet=True)
     compare.add_argument("--tokens", metavar="SPEC", help="only these tokens, e.g. 0-7,12")
     compare.add_argument(
         "--fake-quant",
@@ -295,6 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="a quantised model's fake-quant run (dequantised weights, float kernels): each row"
         " splits into quantisation (GOLDEN vs FQ) and kernel (FQ vs TARGET) error, the verdict"
         " is the kernel part's",
+    )
+    compare.add_argument(
+        "--nodes",
+        metavar="GLOB",
+        help="only nodes whose name matches, e.g. 'root.model.layers.3.*'",
+    )
+    compare.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        help="memory the compare may use, e.g. 8G (default: the free memory, MemAvailable)",
     )
     add_compare_options(compare)
 

@@ -295,7 +295,7 @@ def headless(
 
     out = out or sys.stdout
     err = err or sys.stderr
-    check_report_path(getattr(args, "output", None))  # before anything is launched
+    check_report_path(getattr(args, "output", None), pairs=True)  # before anything is launched
     as_json = bool(getattr(args, "json", False))
     # Finished dumps (open): stdout is exactly compare's; the early first-failure line goes to stderr.
     printer = Printer(pipeline, failures=err if as_json or not live else out, progress=err)

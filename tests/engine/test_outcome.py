@@ -89,7 +89,7 @@ def test_an_unknown_suffix_is_one_line_exit_2_before_any_work(
     assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"layerwatch {front_end}: cannot write ")
-    assert ".csv, .json or .jsonl" in line
+    assert ".csv, .json, .jsonl or .parquet" in line
     assert list(tmp_path.iterdir()) == []
 
 
@@ -125,6 +125,6 @@ def test_the_tuis_export_goes_the_same_way(
         pipeline.stop()
     written = pipeline.export(str(tmp_path / "r.jsonl"))
     assert Path(written).read_bytes() == reports["open", "jsonl"].read_bytes()
-    with pytest.raises(LayerwatchError, match=r"\.csv, \.json or \.jsonl"):
+    with pytest.raises(LayerwatchError, match=r"\.csv, \.json, \.jsonl or \.parquet"):
         pipeline.export(str(tmp_path / "r.txt"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]

@@ -1,0 +1,267 @@
+"""A finished compare of two dumps one window of whole tokens at a time, in bounded memory.
+
+:class:`~.core.CompareSession` holds every record and result until the end (~5 KB a pair);
+a 4k-token run of an 80-layer model has millions of pairs. Headless ``compare`` of two finished
+dumps needs none of that once a token is judged: every rule of the session is local to a token
+(pairing maps a token to itself, leftover stems pair within a (token, node), local verdicts look
+at the node's inputs at that token) except the few below, which are merged here from the
+windows in token order:
+
+- first failure: the first window's that has one; root cause: the first window's that has one
+  (the session walks tokens from the earliest failing one and stops at the first cause);
+- first bad token: the earliest logits failure when any window saw logits, else the earliest
+  failure;
+- divergence (different input ids fed): every window's session gets the token ids read so far,
+  so a pair at or after the parting token is DIVERGED in whichever window it lands; the record
+  takes its margin from the window that holds the step before and sums what was not compared;
+- counts and notes: summed / kept once, in order.
+
+Each window is a fresh session sharing one pairer (its weight match is computed once) and one
+job runner (one process pool). Its rows go to the report stream as the window completes and its
+results into the :class:`~.store.ResultStore`; then the window's records and results are dropped.
+Readers hand records over in index order, which is token order for a finished layerwatch dump;
+a tensor of a token whose window already closed is compared in a later window and noted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from layerwatch.engine.readers.base import ReaderUpdate
+from layerwatch.engine.records import PairResult, Verdict
+from layerwatch.engine.seam import BlockInfo, Divergence, Finding, Summary
+from layerwatch.engine.session.core import CompareSession
+from layerwatch.engine.session.store import ResultStore
+
+SIDES = ("golden", "target")
+WINDOW_TENSORS = 2_048
+"""Tensors of the golden side in one window (whole tokens; one token may be more): ~60 MB of
+records and results while the window is compared, freed after."""
+CHUNK_BYTES = 1 << 20
+"""Index bytes read a time from each side."""
+
+
+class ChunkReader(Protocol):
+    def poll_chunk(self, limit: int) -> ReaderUpdate | None: ...
+
+
+class RowSink(Protocol):
+    def add(self, results: list[PairResult]) -> None: ...
+
+
+@dataclass
+class _Side:
+    reader: ChunkReader
+    buffered: dict[int, list[Any]] = field(default_factory=dict)
+    """Records by token, not windowed yet."""
+    top: int = -1
+    """Highest token seen (records and token lines)."""
+    done: bool = False
+
+
+def windows(
+    readers: Mapping[str, ChunkReader], window: int | None = None
+) -> Iterator[dict[str, ReaderUpdate]]:
+    """Both dumps as windows of whole tokens: per window and side, one ReaderUpdate with the
+    records of those tokens (the first also carries topology, weights and notes; token ids come
+    as they are read). A token closes when both sides have read past it."""
+    window = window or WINDOW_TENSORS
+    sides = {s: _Side(readers[s]) for s in SIDES}
+    extra = {s: ReaderUpdate() for s in SIDES}  # topology, weights, token ids, notes so far
+    closed = -1
+    while True:
+        open_sides = [s for s in sides.values() if not s.done]
+        low = min((s.top for s in open_sides), default=0)
+        for name, side in sides.items():
+            if side.done or side.top > low:
+                continue  # read the side that is behind: neither buffers far ahead
+            update = side.reader.poll_chunk(CHUNK_BYTES)
+            if update is None:
+                side.done = True
+                continue
+            for record in update.tensors:
+                side.buffered.setdefault(record.key.token, []).append(record)
+                side.top = max(side.top, record.key.token)
+            if update.token_ids:
+                side.top = max(side.top, max(update.token_ids))
+            held = extra[name]
+            held.topology = update.topology or held.topology
+            held.weights.update(update.weights)
+            held.token_ids.update(update.token_ids)
+            held.notes.extend(update.notes)
+            held.case_marks.extend(update.case_marks)
+        finished = all(s.done for s in sides.values())
+        # Tokens below every open side's highest are complete on both sides (index order).
+        upto = None if finished else min(s.top for s in sides.values() if not s.done) - 1
+        ready = sorted(
+            t for t in {t for s in sides.values() for t in s.buffered} if upto is None or t <= upto
+        )
+        size = sum(len(sides["golden"].buffered.get(t, ())) for t in ready)
+        if ready and (finished or size >= window):
+            out = {}
+            for name, side in sides.items():
+                update = ReaderUpdate(
+                    topology=extra[name].topology,
+                    weights=dict(extra[name].weights),
+                    token_ids=dict(extra[name].token_ids),
+                    notes=extra[name].notes,
+                )
+                extra[name].notes = []
+                for token in ready:
+                    update.tensors.extend(side.buffered.pop(token, ()))
+                out[name] = update
+            late = [t for t in ready if t <= closed]
+            if late:
+                out["golden"].notes.append(
+                    f"tensors of token {late[0]} came after its window was compared: "
+                    "compared on their own (is the index out of token order?)"
+                )
+            closed = max(closed, ready[-1])
+            for side in sides.values():
+                forget = getattr(side.reader, "forget_before", None)
+                if forget is not None:
+                    forget(closed + 1)
+            yield out
+        if finished and not any(s.buffered for s in sides.values()):
+            return
+
+
+class WindowedRun:
+    """What a finished windowed compare knows: the merged findings, counts and notes, and
+    every pair in a :class:`ResultStore`. Quacks like the session for engine/outcome.py and
+    ``wording.summary_text`` (summary, findings, divergence, notes, token ids, blocks)."""
+
+    def __init__(self) -> None:
+        self.store = ResultStore()
+        self.first_failure: Finding | None = None
+        self.root_cause: Finding | None = None
+        self._logits_bad: int | None = None
+        self._any_bad: int | None = None
+        self._logits_seen = False
+        self._counts: dict[str, int] = dict.fromkeys(
+            ("pairs", "passed", "failed", "diverged", "unpaired", "error"), 0
+        )
+        self._notes: dict[str, None] = {}
+        self._token_ids: dict[str, dict[int, tuple[int, ...]]] = {s: {} for s in SIDES}
+        self._blocks: tuple[BlockInfo, ...] = ()
+        self._divergence: Divergence | None = None
+        self.first_error: PairResult | None = None
+        self.rows = 0
+
+    # --- merging ------------------------------------------------------------------------------
+    def take(self, session: CompareSession, results: list[PairResult]) -> None:
+        """Fold one compared window in (its rows were already written)."""
+        self.rows += len(results)
+        self.store.append(results)
+        s = session.summary
+        for name in self._counts:
+            self._counts[name] += getattr(s, name)
+        if self.first_failure is None:
+            self.first_failure = session.first_failure
+        if self.root_cause is None:
+            self.root_cause = session.root_cause
+        with session._lock:  # the session's own merge inputs (engine/session/core.py)
+            logits_seen = session._logits_seen
+            logits_bad = [t for t, n in session._logits_fails.items() if n > 0]
+            any_bad = list(session._fails)
+        self._logits_seen |= logits_seen
+        self._logits_bad = _earliest(self._logits_bad, logits_bad)
+        self._any_bad = _earliest(self._any_bad, any_bad)
+        for note in session.notes:
+            self._notes.setdefault(note)
+        for side in SIDES:
+            self._token_ids[side].update(session.token_ids(side))
+        if not self._blocks:
+            self._blocks = session.blocks()
+        if self.first_error is None:
+            self.first_error = next((r for r in results if r.verdict is Verdict.ERROR), None)
+        self._merge_divergence(session.divergence)
+
+    def _merge_divergence(self, found: Divergence | None) -> None:
+        if found is None:
+            return
+        old = self._divergence
+        if old is None:
+            self._divergence = found
+            return
+        has_margin = old.golden_margin is not None
+        self._divergence = Divergence(
+            token=old.token,
+            golden_id=old.golden_id,
+            target_id=old.target_id,
+            golden_margin=old.golden_margin if has_margin else found.golden_margin,
+            near_tie=old.near_tie if has_margin else found.near_tie,
+            not_compared_tokens=tuple(
+                sorted(set(old.not_compared_tokens) | set(found.not_compared_tokens))
+            ),
+            not_compared_pairs=old.not_compared_pairs + found.not_compared_pairs,
+        )
+
+    # --- the session's face -------------------------------------------------------------------
+    @property
+    def summary(self) -> Summary:
+        return Summary(**self._counts)
+
+    @property
+    def first_bad_token(self) -> int | None:
+        return self._logits_bad if self._logits_seen else self._any_bad
+
+    @property
+    def divergence(self) -> Divergence | None:
+        return self._divergence
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self._notes)
+
+    def token_ids(self, side: str) -> dict[int, tuple[int, ...]]:
+        return dict(self._token_ids[side])
+
+    def blocks(self) -> tuple[BlockInfo, ...]:
+        return self._blocks
+
+
+def compare_windows(
+    readers: Mapping[str, ChunkReader],
+    make_session: Callable[[], CompareSession],
+    sink: RowSink,
+    progress: Callable[[int, int], None] | None = None,
+    window: int | None = None,
+    run: WindowedRun | None = None,
+) -> WindowedRun:
+    """Compare two finished dumps window by window; rows go to ``sink`` as each completes.
+    ``run``: where the merged results go (a caller stopped part-way still has what landed)."""
+    run = run if run is not None else WindowedRun()
+    first: CompareSession | None = None
+    done = 0
+    try:
+        for updates in windows(readers, window):
+            session = make_session()
+            if first is None:
+                first = session
+            else:  # one weight match, one process pool for the whole run
+                session.pairer = first.pairer
+                session.runner = first.runner
+            for side in SIDES:
+                session.add_update(side, updates[side])
+                session.finish(side)
+            session.flush(progress=_offset(progress, done) if progress else None)
+            results = session.results()
+            done += len(results)
+            sink.add(results)
+            run.take(session, results)
+    finally:
+        if first is not None:
+            first.close()
+    return run
+
+
+def _earliest(known: int | None, tokens: list[int]) -> int | None:
+    return min([*tokens, known]) if known is not None else min(tokens, default=None)
+
+
+def _offset(progress: Callable[[int, int], None], base: int) -> Callable[[int, int], None]:
+    """A window's ``done/total`` as the run's (pairs of earlier windows counted)."""
+    return lambda done, total: progress(base + done, base + total)
