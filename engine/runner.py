@@ -90,6 +90,10 @@ def compare_main(args: argparse.Namespace) -> int:
     jobs = getattr(args, "jobs", 0) or 0
     if jobs < 0:
         raise LayerwatchError(f"--jobs must be 0 (all cores) or more, not {jobs}")
+    if getattr(args, "ray", None):  # the target's ranks live on the cluster's nodes
+        from layerwatch.engine.raycompare import ray_compare_main
+
+        return ray_compare_main(args)
     _check_path(args.golden, "golden")
     _check_path(args.target, "target")
     from layerwatch.engine.logitscmp import compare_logits_main, is_logits_pair

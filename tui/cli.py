@@ -309,6 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="memory the compare may use, e.g. 8G (default: the free memory, MemAvailable)",
     )
+    compare.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="compare each rank of a multi-rank TARGET on the Ray node that holds its rankN"
+        " folder (HOST:PORT, ray://HOST:PORT or auto; needs layerwatch[ray]); the golden must"
+        " be at the same path on those nodes",
+    )
     add_compare_options(compare)
 
     precheck = sub.add_parser(

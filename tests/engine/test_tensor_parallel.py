@@ -4,41 +4,24 @@ The toy model is tests/support/tp_model.py (column-parallel ``up``, row-parallel
 its all-reduce, 2 layers, 3 decode steps). Four captures per module run, each a few seconds:
 the single-card golden, a benign TP=2 run under ``layerwatch dump`` (no code change), and two
 faults captured with ``register_hook``: rank 1's all-reduce result corrupted by the program's
-own wrapper (layer 1, token 1), and rank 1 loading rank 0's ``up`` shard of layer 1.
+own wrapper (layer 1, token 1), and rank 1 loading rank 0's ``up`` shard of layer 1
+(tests/support/tp_capture.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from layerwatch.tui.cli import main
-
-TP_MODEL = Path(__file__).parents[1] / "support" / "tp_model.py"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-
-
-def _run(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+from support.tp_capture import capture_tp_dumps
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tp")
-    out = {name: root / name for name in ("golden", "benign", "allreduce", "shard")}
-    _run([sys.executable, str(TP_MODEL), str(out["golden"])])
-    lw = [sys.executable, "-m", "layerwatch.tui", "dump", "--out", str(out["benign"]), "--"]
-    _run([*lw, *TORCHRUN, str(TP_MODEL), str(root / "unused"), "--hook", "none"])
-    for fault in ("allreduce", "shard"):
-        _run([*TORCHRUN, str(TP_MODEL), str(out[fault]), "--fault", fault])
-    return out
+    return capture_tp_dumps(tmp_path_factory.mktemp("tp"))
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
