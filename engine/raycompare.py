@@ -63,7 +63,7 @@ class _Recording:
     def __init__(self) -> None:
         from layerwatch.engine.numerics.compare import compare_pair
 
-        self.compare = compare_pair
+        self.compare: Callable[..., PairResult] = compare_pair
         self.results: dict[ResultKey, PairResult | str] = {}
 
     def __call__(
@@ -248,6 +248,11 @@ def run_ranks(
         notes = []
         if not any(held for _, held, _ in probes):
             raise LayerwatchError(f"target dump {target}: no node of the Ray cluster holds a rank")
+        if not chosen:
+            raise LayerwatchError(
+                f"golden dump {golden}: not found on any Ray node that holds a rank of {target}"
+                " (it must be at the same path there)"
+            )
         orphans = sorted({r for _, held, _ in probes for r in held} - set(chosen))
         for r in orphans:
             notes.append(f"rank {r}: no node holding it sees the golden {golden}; not compared")
@@ -265,6 +270,12 @@ def run_ranks(
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 outcomes.append(ray.get(done[0]))
+                if sys.stderr.isatty():  # progress as each rank's rows arrive
+                    got = outcomes[-1]
+                    sys.stderr.write(
+                        f"layerwatch compare: rank {got.rank} done on node {got.node_id[:12]}"
+                        f" ({len(outcomes)}/{len(chosen)})\n"
+                    )
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if isinstance(exc.cause, LayerwatchError) else None
                 if cause is not None:
@@ -288,7 +299,7 @@ def ray_compare_main(args: argparse.Namespace) -> int:
     output = getattr(args, "output", None)
     as_json = bool(getattr(args, "json", False))
     check_report_path(output, pairs=True)
-    settings = {
+    settings: dict[str, Any] = {
         "thresholds": getattr(args, "thresholds", None),
         "map": getattr(args, "map", None),
         "tokens": getattr(args, "tokens", None),
@@ -320,10 +331,6 @@ def ray_compare_main(args: argparse.Namespace) -> int:
     finally:
         session.close()
     empty = f"no tensors in {args.golden} and {args.target}"
-    print_where = getattr(args, "verbose", False)
-    if print_where:
-        for o in sorted(outcomes, key=lambda o: o.rank):
-            sys.stderr.write(f"rank {o.rank}: compared on node {o.node_id}\n")
     return conclude(
         session,
         sys.stdout,
