@@ -10,6 +10,7 @@ exit code. The bad-input cases (no Ray, no cluster at the address) run without R
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -84,6 +85,30 @@ def test_ray_compare_matches_the_local_compare(
     if target == "allreduce":
         first = remote["first_failure"]
         assert (first["token"], first["node"], first["rank"]) == (1, "root.layers.1.down", 1)
+
+
+@pytest.mark.slow
+def test_a_missing_rank_is_named_and_the_csv_report_is_the_local_one(
+    cluster: object, dumps: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing"
+    shutil.copytree(dumps["benign"], missing)
+    shutil.rmtree(missing / "rank1")
+    golden = str(dumps["golden"])
+    local_code, local = _cli(capsys, "compare", golden, str(missing))
+    code, remote = _cli(capsys, "compare", golden, str(missing), "--ray", cluster.address)
+    assert code == local_code == 0
+    assert _rows(remote) == _rows(local) and {r["rank"] for r in remote["rows"]} == {0}
+    assert main(["compare", golden, str(missing), "--ray", cluster.address]) == 0
+    assert "rank 1 of 2 has no tensors" in capsys.readouterr().out  # the summary's notes
+    csv = {}
+    for label, extra in (("local", []), ("ray", ["--ray", cluster.address])):
+        csv[label] = tmp_path / f"{label}.csv"
+        assert (
+            main(["compare", golden, str(dumps["allreduce"]), "-o", str(csv[label]), *extra]) == 1
+        )
+    capsys.readouterr()
+    assert csv["ray"].read_text() == csv["local"].read_text()
 
 
 @pytest.mark.slow
