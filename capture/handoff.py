@@ -188,8 +188,6 @@ class ByteQueue:
             if urgent or self._queued >= self.batch_bytes:
                 self._urgent = True
                 self._cond.notify_all()
-            elif was_empty:  # start the writer's flush_interval clock now
-                self._cond.notify_all()
 
     def take(self, interval: float) -> list[Any]:
         """Wait until something is urgent or the oldest item is ``interval`` seconds old."""

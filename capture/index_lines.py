@@ -16,10 +16,11 @@ from typing import Any
 
 from .handoff import TensorItem
 
-_HEADS: dict[tuple[str, str, str], str] = {}
+HEADS: dict[tuple[str, str, str], str] = {}
+"""(node, stem, type) -> the head of its tensor lines: the same ~150 keys come back every token."""
 _SHAPES: dict[tuple[int, ...], str] = {}
 _SHAPES_MAX = 1 << 16
-_finite = math.isfinite
+_LOW, _HIGH = float("-inf"), float("inf")
 _FINITE_STATS = '{"max":%r,"min":%r,"mean":%r,"norm":%r,"nan":0,"inf":0}'
 
 
@@ -44,7 +45,8 @@ def stats_text(st: tuple[float, float, float, float, int, int] | None) -> str:
     if st is None:
         return "null"
     mx, mn, mean, norm, nan, inf = st
-    if not nan and not inf and _finite(mx) and _finite(mn) and _finite(mean) and _finite(norm):
+    # comparisons, not calls: false for NaN and for either infinity
+    if not nan and not inf and _LOW < mn <= mx < _HIGH and _LOW < mean < _HIGH and norm < _HIGH:
         return _FINITE_STATS % (mx, mn, mean, norm)
     return (
         f'{{"max":{_num(mx)},"min":{_num(mn)},"mean":{_num(mean)},'
@@ -52,24 +54,29 @@ def stats_text(st: tuple[float, float, float, float, int, int] | None) -> str:
     )
 
 
-def _head(it: TensorItem) -> str:
-    key = (it.node, it.stem, it.node_type)
-    head = _HEADS.get(key)
-    if head is None:
-        head = _HEADS[key] = (
-            f'"node":{json.dumps(it.node)},"stem":{json.dumps(it.stem)},'
-            f'"type":{json.dumps(it.node_type)}'
-        )
+def head_text(node: str, stem: str, node_type: str) -> str:
+    """``"node":..,"stem":..,"type":..`` of a tensor line, cached in :data:`HEADS`."""
+    head = HEADS[(node, stem, node_type)] = (
+        f'"node":{json.dumps(node)},"stem":{json.dumps(stem)},"type":{json.dumps(node_type)}'
+    )
     return head
 
 
+def tail_text(src: TensorItem) -> str:
+    """The end of a tensor line that every alias of ``src`` shares, cached on ``src``."""
+    tail = src.tail = (
+        f'"dtype":"{src.dtype_name}","shape":[{shape_text(src.shape)}],"file":"{src.file}",'
+        f'"begin":{src.begin},"end":{src.end},"stats":{stats_text(src.stats)}}}\n'
+    )
+    return tail
+
+
 def tensor_line(it: TensorItem) -> str:
-    """One ``K_TENSOR`` line (the same JSON as ``IndexTensor.to_json``), formatted directly."""
+    """One ``K_TENSOR`` line (the same JSON as ``IndexTensor.to_json``), formatted directly.
+
+    ``capture/writer.py`` inlines this for the batch; keep the two the same.
+    """
     src = it.alias if it.alias is not None else it
-    tail = src.tail
-    if tail is None:  # the part every alias of this tensor shares: computed once
-        tail = src.tail = (
-            f'"dtype":"{src.dtype_name}","shape":[{shape_text(src.shape)}],"file":"{src.file}",'
-            f'"begin":{src.begin},"end":{src.end},"stats":{stats_text(src.stats)}}}\n'
-        )
-    return f'{{"k":"t","token":{it.token},{_head(it)},"order":{it.order},{tail}'
+    tail = src.tail or tail_text(src)
+    head = HEADS.get((it.node, it.stem, it.node_type)) or head_text(it.node, it.stem, it.node_type)
+    return f'{{"k":"t","token":{it.token},{head},"order":{it.order},{tail}'

@@ -28,7 +28,7 @@ from . import keep
 from .config import DumpConfig
 from .errors import LayerwatchError
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
-from .index_lines import tensor_line
+from .index_lines import HEADS, head_text, tail_text, tensor_line
 from .safetensors_file import (
     DTYPE_NAMES,
     SAFETENSORS_DTYPE,
@@ -145,13 +145,21 @@ class LayerwatchWriter(WriterThread):
             ready = [d for d in self.deferred if d.alias is not None and d.alias.done]
             self.deferred = [d for d in self.deferred if d.alias is None or not d.alias.done]
             lines.extend(tensor_line(d) for d in ready)
+        heads = HEADS
+        append = lines.append
         for it in items:
             kind = type(it)
-            if kind is TensorItem:
-                if it.alias is None or it.alias.done:
-                    lines.append(tensor_line(it))
-                else:  # its bytes come with an outer module's inputs, queued later
+            if kind is TensorItem:  # tensor_line(it), inlined: this runs for every tensor
+                src = it.alias
+                if src is None:
+                    src = it
+                elif not src.done:  # its bytes come with an outer module's inputs, queued later
                     self.deferred.append(it)
+                    continue
+                tail = src.tail or tail_text(src)
+                node, stem, type_ = it.node, it.stem, it.node_type
+                head = heads.get((node, stem, type_)) or head_text(node, stem, type_)
+                append(f'{{"k":"t","token":{it.token},{head},"order":{it.order},{tail}')
             elif kind is TokenItem:
                 if self.deferred:  # a target that never came (its module raised): drop
                     self.deferred = [d for d in self.deferred if d.token >= it.token]
