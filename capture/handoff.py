@@ -189,8 +189,9 @@ class ByteQueue:
                 self._urgent = True
                 self._cond.notify_all()
 
-    def take(self, interval: float) -> list[Any]:
-        """Wait until something is urgent or the oldest item is ``interval`` seconds old."""
+    def take(self, interval: float) -> tuple[list[Any], int]:
+        """Wait until something is urgent or the oldest item is ``interval`` seconds old;
+        the items and the bytes they were put with (what :meth:`release` gives back)."""
         with self._cond:
             while True:
                 if self._urgent:
@@ -204,9 +205,9 @@ class ByteQueue:
                     self._cond.wait(interval)
             items = list(self._items)
             self._items.clear()
-            self._queued = 0
+            nbytes, self._queued = self._queued, 0
             self._urgent = False
-            return items
+            return items, nbytes
 
     def release(self, nbytes: int, nitems: int) -> None:
         with self._cond:
