@@ -2,9 +2,10 @@
 
 The queue bounds the bytes that have been copied but not yet written (queued *and* being
 written), so a slow disk makes the model thread wait instead of letting memory grow. The model
-thread puts all items of one module call at once (one lock round-trip per call) and only wakes
-the writer when something is urgent (end of a token, a flush, a full batch); otherwise the writer
-wakes on its own every ``flush_interval`` seconds.
+thread puts a token's items in one group (one lock round-trip) and only wakes the writer when
+something is urgent (a flush, the end, a full batch); otherwise the writer wakes on its own every
+``flush_interval`` seconds, which bounds the latency all the same: waking it at every token made
+the model thread wait for the hand-off of the GIL and the lock (~0.3 ms a token).
 """
 
 from __future__ import annotations
