@@ -21,7 +21,7 @@ _HOST_BITS = {torch.bfloat16: torch.int16}
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
     if hasattr(torch, _name):
         _HOST_BITS[getattr(torch, _name)] = torch.uint8
-_HOST_NUMPY = frozenset(
+HOST_NUMPY = frozenset(  # dtypes whose ``Tensor.numpy()`` view needs no reinterpretation
     {
         torch.float32,
         torch.float16,
@@ -42,7 +42,7 @@ def copy_tensor(t: Tensor) -> Any:
     if t.is_cpu:
         dtype = t.dtype
         try:
-            if dtype in _HOST_NUMPY:
+            if dtype in HOST_NUMPY:
                 return t.numpy().copy()  # raises for sparse, conjugate, requires_grad...
             bits = _HOST_BITS.get(dtype)
             if bits is not None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .config import DumpConfig
-from .copies import copy_tensor
+from .copies import HOST_NUMPY, copy_tensor
 from .flatten import first_int_tensor, flatten_inputs, flatten_output
 from .handoff import ByteQueue, TensorItem, TokenItem, TopologyItem
 
@@ -290,7 +290,12 @@ class Recorder:
         hit = self.seen.get(key)
         if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
             return TensorItem(self.token, node, stem, None, type_, hit[2])
-        item = TensorItem(self.token, node, stem, copy_tensor(t), type_, None, t.dtype)
+        dtype = t.dtype
+        try:  # copy_tensor's common case, inlined: a host tensor numpy can hold
+            data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
+        except (RuntimeError, TypeError):  # requires_grad, conjugate bits...: the general path
+            data = copy_tensor(t)
+        item = TensorItem(self.token, node, stem, data, type_, None, dtype)
         if version is not None:
             self.seen[key] = (weakref.ref(t), version, item)
         return item
@@ -309,7 +314,12 @@ class Recorder:
             if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
                 out.append(TensorItem(token, node, stem, None, type_, hit[2]))
                 continue
-            item = TensorItem(token, node, stem, copy_tensor(t), type_, None, t.dtype)
+            dtype = t.dtype
+            try:  # as in capture_one
+                data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
+            except (RuntimeError, TypeError):
+                data = copy_tensor(t)
+            item = TensorItem(token, node, stem, data, type_, None, dtype)
             if version is not None:
                 seen[key] = (weakref.ref(t), version, item)
             out.append(item)

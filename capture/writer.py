@@ -28,7 +28,7 @@ from . import keep
 from .config import DumpConfig
 from .errors import LayerwatchError
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
-from .index_lines import tensor_line
+from .index_lines import HEADS, head_text, tail_text, tensor_line
 from .safetensors_file import (
     DTYPE_NAMES,
     SAFETENSORS_DTYPE,
@@ -102,21 +102,29 @@ class LayerwatchWriter(WriterThread):
             self._write_chunk(items[start:])
 
     def _write_chunk(self, items: list[Any]) -> None:
-        fresh = [it for it in items if type(it) is TensorItem and it.alias is None]
-        ok = []
-        for it in fresh:
-            data = it.tensor
-            it.dtype_name = DTYPE_NAMES.get(it.dtype) or dtype_name(it.dtype)
-            it.shape = list(data.shape)
-            if isinstance(data, np.ndarray) or (
-                type(data) is not Placeholder and _plain_tensor(data)
-            ):
-                ok.append(it)
+        # One pass to sort the batch (it holds ~150 items a token): fresh copies, writable ones.
+        fresh: list[TensorItem] = []
+        ok: list[TensorItem] = []
+        weights: list[Any] = []
+        for it in items:
+            kind = type(it)
+            if kind is TensorItem:
+                if it.alias is None:
+                    fresh.append(it)
+                    data = it.tensor
+                    it.dtype_name = DTYPE_NAMES.get(it.dtype) or dtype_name(it.dtype)
+                    it.shape = data.shape  # a tuple (torch.Size is one): formatted, never mutated
+                    if isinstance(data, np.ndarray) or (
+                        type(data) is not Placeholder and _plain_tensor(data)
+                    ):
+                        ok.append(it)
+            elif kind is WeightItem:
+                weights.append(it)
         if self.want_stats and ok:
             rows = batch_stats([it.tensor for it in ok], [it.dtype for it in ok])
             for it, row in zip(ok, rows, strict=True):
                 it.stats = row
-        payload: list[Any] = [it for it in items if type(it) is WeightItem]
+        payload: list[Any] = weights
         if self.want_payload:
             payload += [it for it in ok if it.dtype in SAFETENSORS_DTYPE]
         if payload:
@@ -132,17 +140,26 @@ class LayerwatchWriter(WriterThread):
         for it in fresh:
             it.done = True
         lines: list[str] = []
+        new_topology = False
         if self.deferred:
             ready = [d for d in self.deferred if d.alias is not None and d.alias.done]
             self.deferred = [d for d in self.deferred if d.alias is None or not d.alias.done]
             lines.extend(tensor_line(d) for d in ready)
+        heads = HEADS
+        append = lines.append
         for it in items:
             kind = type(it)
-            if kind is TensorItem:
-                if it.alias is None or it.alias.done:
-                    lines.append(tensor_line(it))
-                else:  # its bytes come with an outer module's inputs, queued later
+            if kind is TensorItem:  # tensor_line(it), inlined: this runs for every tensor
+                src = it.alias
+                if src is None:
+                    src = it
+                elif not src.done:  # its bytes come with an outer module's inputs, queued later
                     self.deferred.append(it)
+                    continue
+                tail = src.tail or tail_text(src)
+                node, stem, type_ = it.node, it.stem, it.node_type
+                head = heads.get((node, stem, type_)) or head_text(node, stem, type_)
+                append(f'{{"k":"t","token":{it.token},{head},"order":{it.order},{tail}')
             elif kind is TokenItem:
                 if self.deferred:  # a target that never came (its module raised): drop
                     self.deferred = [d for d in self.deferred if d.token >= it.token]
@@ -171,13 +188,14 @@ class LayerwatchWriter(WriterThread):
                 )
             elif kind is TopologyItem:
                 self.topology = with_order(self.topology, it.order)
+                new_topology = True
             elif kind is LineItem:
                 lines.append(fmt.encode_line(it.obj))
         self.tensors_written += len(fresh)
         self.append_index("".join(lines))
         if self.ring is not None:
             self._drop_expired()
-        if any(type(it) is TopologyItem for it in items):  # after the lines: they matter more
+        if new_topology:  # after the lines: they matter more
             write_json_fast(self.run_dir / fmt.TOPOLOGY, self.topology)
 
     def _drop_expired(self) -> None:
@@ -196,7 +214,7 @@ class LayerwatchWriter(WriterThread):
                     (
                         f"weights/{it.node}.{it.param}",
                         it.tensor.dtype,
-                        list(it.tensor.shape),
+                        tuple(it.tensor.shape),
                         it.tensor,
                     )
                 )

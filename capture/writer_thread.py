@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import DumpConfig
-from .handoff import ByteQueue, Marker, StreamEvent
+from .handoff import ByteQueue, Marker, StreamEvent, TensorItem, WeightItem
+
+_CONTROL = frozenset({Marker, StreamEvent})
+_HOLDS_COPY = frozenset({TensorItem, WeightItem})
 
 
 class WriterThread:
@@ -74,10 +77,11 @@ class WriterThread:
     def _run(self) -> None:
         interval = self.config.flush_interval
         while True:
-            items = self.queue.take(interval)
-            work = [it for it in items if type(it) is not Marker and type(it) is not StreamEvent]
-            markers = [it for it in items if type(it) is Marker]
-            for it in items:
+            items, nbytes = self.queue.take(interval)
+            control = [it for it in items if type(it) in _CONTROL]  # rare: markers, CUDA events
+            work = [it for it in items if type(it) not in _CONTROL] if control else items
+            markers = [it for it in control if type(it) is Marker]
+            for it in control:
                 if type(it) is StreamEvent:
                     it.wait()
             if work and self.failed is None:
@@ -86,9 +90,9 @@ class WriterThread:
                 except Exception as exc:  # never let the writer die: the model would block
                     self.fail(exc, getattr(exc, "filename", None) or self.run_dir)
             for it in work:  # drop our references to the copies now, not at the next batch
-                if hasattr(it, "tensor"):
+                if type(it) in _HOLDS_COPY:
                     it.tensor = None
-            self.queue.release(sum(it.nbytes for it in work), len(items))
+            self.queue.release(nbytes, len(items))
             stop = any(m.kind == "stop" for m in markers)
             if stop:
                 try:

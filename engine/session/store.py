@@ -221,6 +221,7 @@ class ResultStore:
             "token": key.token,
             "node": key.node,
             "tensor": key.stem,
+            "rank": key.rank,
             "verdict": _VERDICTS[int(row["verdict"])].value,
             "metrics": self.metrics(i),
             "reason": self.strings.values[row["reason"]],

@@ -5,12 +5,24 @@ Run (from the repository root, in the project venv)::
     OMP_NUM_THREADS=1 python tests/bench/bench_dump.py            # configs a and b, 5 repeats
     OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --config b --repeats 9
     OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --msit-python VENV/bin/python
+    OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --config long --repeats 3
+    OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --cli --repeats 5 [--before-python B/bin/python]
 
 Both sides run a Hugging Face ``LlamaForCausalLM`` (eager attention) built from a ``LlamaConfig``
 with ``torch.manual_seed(1234)`` and greedy ``generate`` on fixed random prompt ids, as msit 8.2.0
 was measured: (a) hidden 1024, 8 layers, 16 heads, vocab 32000, prompt 256, 4 new
 tokens: 1.22 s -> 2.38 s (1.95x); (b) hidden 256, 4 layers, 4 heads, vocab 1000, prompt 16,
 8 new tokens: 0.06 s -> 0.45 s (7x). Goals: (a) <= 1.3x, (b) <= 2x.
+
+(long) a long generation of a tiny model: hidden 64, 4 layers, 4 heads, vocab 256, prompt 16,
+512 new tokens (156 tensors a token, 79 872 in all: the small-tensor path). Goal <= 1.25x.
+
+``--cli`` times the (long) case the way a user runs it: an unmodified script, whole process
+wall time, ``python script.py`` against ``layerwatch dump --out D -- python script.py``
+(interleaved, median of ``--repeats``); the script also prints its own ``generate`` time, so
+both the whole-run and the generate-only ratios are shown. ``--before-python`` names the
+python of another checkout's venv (e.g. main's): its ``layerwatch dump`` runs interleaved
+with ours, so a before/after pair comes from one run under one load.
 
 Baseline and captured runs alternate in one process; each figure is the median of
 ``--repeats`` runs; a captured run is ``generate`` + ``HookHandle.close()`` (everything on disk,
@@ -27,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -38,6 +51,7 @@ from pathlib import Path
 CONFIGS = {
     "a": dict(hidden=1024, layers=8, heads=16, vocab=32000, prompt=256, new=4, inter=2816),
     "b": dict(hidden=256, layers=4, heads=4, vocab=1000, prompt=16, new=8, inter=688),
+    "long": dict(hidden=64, layers=4, heads=4, vocab=256, prompt=16, new=512, inter=176),
 }
 MSIT_SIDE = (
     Path(tempfile.gettempdir()) / "layerwatch-bench-compare" / "msit-venv" / "bin" / "python"
@@ -84,6 +98,78 @@ for _ in range(repeats):
 print(json.dumps({"base": statistics.median(base), "dump": statistics.median(dump)}))
 """
 )
+
+
+_SCRIPT = (
+    _MODEL_CODE
+    + """
+import json, sys, time
+c = json.loads(sys.argv[1])
+torch.set_num_threads(1)
+model, ids = build(c)
+t = time.perf_counter()
+generate(model, ids, c)
+print("GENERATE", time.perf_counter() - t)
+"""
+)
+"""The unmodified user script of ``--cli``: builds the model, one ``generate``, prints its time."""
+
+
+def _cli_run(python: str, script: Path, c: dict, out: Path | None) -> tuple[float, float, float]:
+    """(whole-process wall seconds, the script's own generate seconds, CPU seconds of every
+    process of the run: less sensitive to a loaded machine than wall time) of one run."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [python, str(script), json.dumps(c)]
+    if out is not None:
+        cli = "import sys; from layerwatch.tui.cli import main; sys.exit(main())"
+        cmd = [python, "-c", cli, "dump", "--out", str(out), "--", *cmd]
+    t = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    text = proc.stdout
+    if out is not None:  # the child's output goes to the dump's log
+        log = out / "layerwatch.log"
+        text += log.read_text(errors="replace") if log.exists() else ""
+    found = [ln for ln in text.splitlines() if ln.startswith("GENERATE")]
+    if proc.returncode != 0 or not found:
+        raise SystemExit(f"run failed ({proc.returncode}): {(proc.stderr or text)[-400:]}")
+    return wall, float(found[-1].split()[1]), cpu
+
+
+def bench_cli(c: dict, repeats: int, before: str | None) -> dict[str, tuple[float, ...]]:
+    """Median (wall, generate, CPU) and tensors dumped per side: ``plain``, ``dump`` (this checkout),
+    ``before``."""
+    sides: dict[str, str | None] = {"plain": sys.executable, "dump": sys.executable}
+    if before:
+        sides["before"] = before
+    runs: dict[str, list[tuple[float, float, float]]] = {k: [] for k in sides}
+    tensors: dict[str, int] = {}
+    work = Path(tempfile.mkdtemp(prefix="bench_dump_cli_"))
+    script = work / "tiny_llama_generate.py"
+    script.write_text(_SCRIPT)
+    try:
+        for _ in range(repeats):
+            for side, python in sides.items():
+                out = None if side == "plain" else work / f"dump_{side}"
+                runs[side].append(_cli_run(python, script, c, out))  # type: ignore[arg-type]
+                if out is not None:
+                    index = b"".join(p.read_bytes() for p in out.glob("*/index.jsonl"))
+                    tensors[side] = index.count(b'{"k":"t",')
+                    shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        k: (
+            statistics.median(r[0] for r in v),
+            statistics.median(r[1] for r in v),
+            statistics.median(r[2] for r in v),
+            tensors.get(k, 0),
+        )
+        for k, v in runs.items()
+    }
 
 
 def _dir_size(path: Path) -> tuple[int, int]:
@@ -185,7 +271,17 @@ def bench_msit(python: Path, c: dict, repeats: int) -> dict | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=("a", "b", "both"), default="both")
+    parser.add_argument("--config", choices=("a", "b", "long", "both"), default="both")
+    parser.add_argument(
+        "--cli",
+        action="store_true",
+        help="the long case as whole processes: python script.py vs layerwatch dump -- ...",
+    )
+    parser.add_argument(
+        "--before-python",
+        default="",
+        help="with --cli: python of another checkout's venv, its layerwatch dump timed alongside",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--format", choices=("layerwatch", "msit"), default="layerwatch")
     parser.add_argument(
@@ -198,8 +294,25 @@ def main() -> int:
     names = ("a", "b") if args.config == "both" else (args.config,)
     print(
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, repeats={args.repeats}, "
-        f"format={args.format}"
+        f"format={args.format}, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
+    if args.cli:
+        c = CONFIGS["long"]
+        res = bench_cli(c, args.repeats, args.before_python or None)
+        wall0, gen0, cpu0, _ = res["plain"]
+        print(f"config long {c}, whole processes (median wall / the script's generate time)")
+        print(f"  python script.py: {wall0:.2f} s (generate {gen0:.2f} s, CPU {cpu0:.2f} s)")
+        for side, label in (("before", "layerwatch dump (before)"), ("dump", "layerwatch dump")):
+            if side in res:
+                wall, gen, cpu, count = res[side]
+                extra = (wall - wall0) / max(count, 1) * 1e6
+                print(
+                    f"  {label}: {wall:.2f} s = {wall / wall0:.2f}x whole run "
+                    f"(generate {gen:.2f} s = {gen / gen0:.2f}x; CPU {cpu / cpu0:.2f}x; "
+                    f"{count} tensors, {extra:.1f} us each)"
+                )
+        print(f"  load average after: {os.getloadavg()[0]:.2f}")
+        return 0
     for name in names:
         c = CONFIGS[name]
         ours = bench_ours(name, c, args.repeats, args.format)
