@@ -112,10 +112,11 @@ def compare_rank(settings: dict[str, Any], golden: str, rank_dir: str, rank: int
         "target": open_dump(rank_dir, side="target").poll(None, final=True),
     }
     nodes = settings.get("nodes")
-    if nodes:
-        from layerwatch.engine.runner import _only_nodes
+    if nodes:  # --nodes GLOB, as engine/runner.py applies it
+        from fnmatch import fnmatchcase
 
-        updates = {side: _only_nodes(u, nodes) for side, u in updates.items()}
+        for u in updates.values():
+            u.tensors = [r for r in u.tensors if fnmatchcase(r.key.node, nodes)]
     world = ranks.world_size(rank_dir)
     if ranks.wants_spread(updates["golden"].tensors, updates["target"].tensors, world):
         rules = ranks.shard_rules(settings.get("map"))
