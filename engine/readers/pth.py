@@ -338,7 +338,7 @@ def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locato
     try:
         if size is None:
             size = os.fstat(fd).st_size
-        head = os.pread(fd, _SMALL, 0)[:size] if size <= _SMALL else os.pread(fd, 4096, 0)
+        head = os.pread(fd, size if size <= _SMALL else 4096, 0)
         if head[:4] != ZIP_LOCAL:
             if len(head) < 4 or size == 0:
                 raise PthIncomplete(f"{spath}: empty file")
