@@ -73,19 +73,7 @@ def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, tuple[int,
     if cd_offset + cd_size > size:
         raise PthIncomplete(f"{path}: zip directory points past the end of the file")
     cd = _pread(fd, cd_offset, cd_size, tail, tail_start)
-    key = (count, cd)
-    members = _DIRECTORIES.get(key)
-    if members is None:
-        members = _parse_directory(path, cd, count)
-        if len(_DIRECTORIES) >= 4096:
-            _DIRECTORIES.clear()
-        _DIRECTORIES[key] = members
-    return members
-
-
-_DIRECTORIES: dict[tuple[int, bytes], dict[str, tuple[int, int]]] = {}
-"""Parsed central directories by their bytes: a dump's files with the same stem, dtype and
-shape have byte-identical directories, so most files skip the parse. Callers only read."""
+    return _parse_directory(path, cd, count)
 
 
 def _parse_directory(path: str, cd: bytes, count: int) -> dict[str, tuple[int, int]]:
