@@ -194,8 +194,13 @@ def json_report(
     }
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+"""One encoder for every row: ``json.dumps`` with options builds a new one per call, which cost
+~9 µs a row (a tenth of a small-tensor compare's own time)."""
+
+
 def dumps_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(report)
 
 
 def json_head(report: dict[str, Any]) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import os
 import sys
 import threading
@@ -86,7 +85,15 @@ _ENTRY = ctypes.CFUNCTYPE(
     ctypes.c_void_p,
 )
 
-log = logging.getLogger(__name__)
+
+def _log() -> Any:
+    """This module's logger; ``logging`` is imported only when something is logged (it and its
+    imports cost ~3 ms of every compare's start-up)."""
+    import logging
+
+    return logging.getLogger(__name__)
+
+
 _LOCK = threading.RLock()
 _STATE: dict[str, Any] = {"kernel": None, "failed": False, "seen": 0}
 _ALIVE: list[Kernel] = []
@@ -129,7 +136,7 @@ def load() -> Kernel | None:
                 _ALIVE.append(kernel)
                 _STATE["kernel"] = kernel
             except Exception as exc:  # llvmlite missing, or an LLVM/platform problem
-                log.info("compiled metric kernel unavailable, numpy path: %s", exc)
+                _log().info("compiled metric kernel unavailable, numpy path: %s", exc)
                 _STATE["failed"] = True
         return _STATE["kernel"]
 
@@ -179,7 +186,7 @@ class Kernel:
                 try:
                     self._entries[pair] = self._load(*names)
                 except Exception as exc:  # numba missing, a compile or LLVM failure
-                    log.info("no compiled kernel for %s/%s, numpy path: %s", *names, exc)
+                    _log().info("no compiled kernel for %s/%s, numpy path: %s", *names, exc)
                     self._entries[pair] = None
             return self._entries[pair]
 
@@ -214,7 +221,7 @@ class Kernel:
 
         from layerwatch.engine.numerics import fused_kernel
 
-        log.info("building the metric kernel for %s/%s (once)", golden, target)
+        _log().info("building the metric kernel for %s/%s (once)", golden, target)
         symbol, obj, undefined = fused_kernel.build(golden, target)
         info = {"symbol": symbol, "undefined": undefined}
         try:
@@ -225,7 +232,7 @@ class Kernel:
                     fh.write(data)
                 os.replace(tmp, dest)
         except OSError as exc:  # a read-only cache: this process still has the kernel
-            log.info("cannot keep the metric kernel in %s: %s", path.parent, exc)
+            _log().info("cannot keep the metric kernel in %s: %s", path.parent, exc)
         return info, obj
 
     def _address_of(self, name: str) -> int:

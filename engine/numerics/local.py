@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from layerwatch.engine.records import NORM_REL, RED
 
@@ -48,6 +49,7 @@ inner operators, residual sums and masks, and a fault inside one fails first at 
 operator; a rotary embedding computes from positions, not from its input's values."""
 
 
+@lru_cache(maxsize=1024)  # a model has a few dozen module classes, asked once per pair
 def op_kind(node_type: str) -> str:
     """The kind of a module from its class name (``Linear``, ``LlamaRMSNorm``, ``Conv1D`` ...)."""
     t = node_type.rsplit(".", 1)[-1].lower()

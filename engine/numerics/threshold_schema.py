@@ -3,6 +3,7 @@ and the validation that turns any unknown or malformed key into a one-line error
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
@@ -23,6 +24,7 @@ TENSOR_METRICS = (
 LOGIT_METRICS = frozenset({r.KL, r.TOP1, r.TOPK, r.MARGIN})
 
 
+@lru_cache(maxsize=512)  # a handful of dtype names, asked a few times per pair
 def dtype_class(dtype: str) -> str:
     """``int``/``fp32``/``fp16``/``bf16`` for a dtype name from any reader or framework."""
     name = dtype.lower().removeprefix("torch.").removeprefix("dt_").removeprefix("acl_")
@@ -35,6 +37,7 @@ def dtype_class(dtype: str) -> str:
     return "fp32"
 
 
+@lru_cache(maxsize=512)
 def looser(golden_dtype: str, target_dtype: str) -> str:
     return max(dtype_class(golden_dtype), dtype_class(target_dtype), key=CLASSES.index)
 

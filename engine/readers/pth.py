@@ -47,13 +47,21 @@ _LOCAL_LENS = struct.Struct("<4s22xHH")
 """Of a local header: signature, name and extra lengths (30 bytes)."""
 
 
+_TAIL = 4096
+"""Large files read this much of their end first: a torch zip's directory is a few hundred
+bytes, so reading ``_SMALL`` (64 KiB) of every file's end cost more than parsing it."""
+
+
 def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, tuple[int, int]]:
     """Stored members of a zip: name → (local header offset, size) (raises PthIncomplete)."""
-    tail = head if len(head) == size else os.pread(fd, min(size, _SMALL), max(0, size - _SMALL))
-    tail_start = size - len(tail)
+    tail = head if len(head) == size else os.pread(fd, min(size, _TAIL), max(0, size - _TAIL))
     pos = zip_end_record(tail)
+    if pos < 0 and len(tail) < min(size, _SMALL):  # a long zip comment: look further back
+        tail = os.pread(fd, min(size, _SMALL), max(0, size - _SMALL))
+        pos = zip_end_record(tail)
     if pos < 0:
         raise PthIncomplete(f"{path}: zip directory missing (file incomplete?)")
+    tail_start = size - len(tail)
     _, _, _, _, count, cd_size, cd_offset, _ = _EOCD_S.unpack_from(tail, pos)
     if cd_offset == 0xFFFFFFFF or count == 0xFFFF:
         loc = zip64_locator(tail, pos)
@@ -65,6 +73,10 @@ def _members(path: str, fd: int, size: int, head: bytes) -> dict[str, tuple[int,
     if cd_offset + cd_size > size:
         raise PthIncomplete(f"{path}: zip directory points past the end of the file")
     cd = _pread(fd, cd_offset, cd_size, tail, tail_start)
+    return _parse_directory(path, cd, count)
+
+
+def _parse_directory(path: str, cd: bytes, count: int) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     at = 0
     unpack = _CD_FIELDS.unpack_from
@@ -314,7 +326,7 @@ def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locato
     try:
         if size is None:
             size = os.fstat(fd).st_size
-        head = os.pread(fd, _SMALL, 0)[:size] if size <= _SMALL else os.pread(fd, 4096, 0)
+        head = os.pread(fd, size if size <= _SMALL else 4096, 0)
         if head[:4] != ZIP_LOCAL:
             if len(head) < 4 or size == 0:
                 raise PthIncomplete(f"{spath}: empty file")

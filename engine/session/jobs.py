@@ -16,13 +16,12 @@ compared inline and :attr:`JobRunner.notes` says so once.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import PairResult, TensorRecord, Verdict
@@ -31,7 +30,14 @@ from layerwatch.engine.session.forked import Forked, can_fork
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
 
-log = logging.getLogger(__name__)
+
+def _log() -> Any:
+    """This module's logger; ``logging`` is imported only when something is logged (it and its
+    imports cost ~3 ms of every compare's start-up)."""
+    import logging
+
+    return logging.getLogger(__name__)
+
 
 PROGRESS_EVERY = 64
 """Inline pairs per progress report (without a progress callback: all in one call)."""
@@ -98,7 +104,7 @@ def run_many(
         # what the batch path can raise beyond its own ERROR verdicts (reading, numpy, memory):
         # it must not cost the pairs, which are then compared one by one
         except (LayerwatchError, OSError, ValueError, ArithmeticError, MemoryError) as exc:
-            log.warning(
+            _log().warning(
                 "batch compare failed (%s: %s); comparing one by one", type(exc).__name__, exc
             )
     return [run_one(compare, thresholds, w, side_stats) for w in works]
