@@ -91,6 +91,9 @@ class LayerwatchReader(DirectoryReader):
         self._ranks: dict[str, _Rank] = {}
         self._index = RankIndex()
         self._complete = False
+        self._names: dict[str, str] = {}
+        self._dtypes: dict[str, str] = {}
+        self._shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     # --- polling -------------------------------------------------------------------------
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
@@ -251,8 +254,7 @@ class LayerwatchReader(DirectoryReader):
         kind = obj.get("k")
         if kind == lwf.K_TENSOR:
             try:
-                entry = lwf.IndexTensor.from_json(obj)
-                record = self._record(state, entry)
+                record = self._tensor_record(state, obj)
             except (KeyError, TypeError, ValueError, LayerwatchError) as exc:
                 update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad tensor line ({exc})")
                 return
@@ -304,23 +306,41 @@ class LayerwatchReader(DirectoryReader):
             except (KeyError, TypeError, ValueError, LayerwatchError) as exc:
                 update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad weight line ({exc})")
 
-    def _record(self, state: _Rank, entry: lwf.IndexTensor) -> TensorRecord:
-        dtype = canonical_dtype(entry.dtype)
+    def _tensor_record(self, state: _Rank, obj: dict) -> TensorRecord:
+        """A tensor line → record without the ``IndexTensor`` step (same checks as its
+        ``from_json``): opening a big index spends most of its time here. Names, dtypes and
+        node types repeat on every token, so one string object each is shared."""
+        names = self._names
+        get = obj.get
+        node, stem, kind = str(obj["node"]), str(obj["stem"]), str(get("type", ""))
+        node = names.setdefault(node, node)
+        stem = names.setdefault(stem, stem)
+        kind = names.setdefault(kind, kind)
+        raw_dtype = str(obj["dtype"])
+        dtype = self._dtypes.get(raw_dtype) or self._dtypes.setdefault(
+            raw_dtype, canonical_dtype(raw_dtype)
+        )
+        shape = tuple(int(d) for d in obj["shape"])
+        shape = self._shapes.setdefault(shape, shape)
+        key = TensorKey(int(obj["token"]), node, stem, state.rank)
+        order = int(get("order", -1))
+        file = str(get("file", ""))
         loc = None
         source = ""
-        if entry.file:
-            source = state.files.get(entry.file) or state.files.setdefault(
-                entry.file, os.path.join(state.path, entry.file)
+        if file:
+            begin = int(get("begin", 0))
+            source = state.files.get(file) or state.files.setdefault(
+                file, os.path.join(state.path, file)
             )  # one string per data file, shared by its records
-            loc = Locator(source, entry.begin, entry.end - entry.begin, dtype, entry.shape)
+            loc = Locator(source, begin, int(get("end", 0)) - begin, dtype, shape)
         return TensorRecord(
-            key=TensorKey(entry.token, entry.node, entry.stem, state.rank),
+            key=key,
             dtype=dtype,
-            shape=entry.shape,
+            shape=shape,
             loc=loc,
-            stats=stats_from(entry.stats),
-            order=entry.order,
-            node_type=entry.node_type,
+            stats=stats_from(get("stats")),
+            order=order,
+            node_type=kind,
             source=source,
         )
 
