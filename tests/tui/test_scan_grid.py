@@ -99,7 +99,9 @@ async def test_scan_grid_of_a_finished_dump_matches_layerwatch_scan(
 async def test_scan_grid_fills_while_the_command_runs(tmp_path: Path) -> None:
     """A launched command: cells arrive in several ticks before it exits (live, not at the end)."""
     out = tmp_path / "live"
-    launch = LaunchSpec([*DEMO, "--new-tokens", "40"], out, CaptureOptions(), "layerwatch")
+    # 200 tokens (the demo's positions allow ~250): long enough that a fast writer, which no
+    # longer wakes at every token, still lands cells in several ticks while the child runs.
+    launch = LaunchSpec([*DEMO, "--new-tokens", "200"], out, CaptureOptions(), "layerwatch")
     pipeline = scan_pipeline(SideSpec(out, launch), _args())
     app = LayerwatchApp(pipeline, title="layerwatch run · scan", color_system="truecolor")
     child = pipeline.sides["target"].child
@@ -115,8 +117,8 @@ async def test_scan_grid_fills_while_the_command_runs(tmp_path: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.state.done, timeout=120)
     assert app.state.first_failure is not None
-    assert len(landed) >= 2 and landed[0] < 39, landed  # cells came while it still ran
-    assert app.model.n_tokens == 40  # the prefill and 39 more steps
+    assert len(landed) >= 2 and landed[0] < 199, landed  # cells came while it still ran
+    assert app.model.n_tokens == 200  # the prefill and 199 more steps
 
 
 def _layerwatch(*args: str) -> subprocess.CompletedProcess[str]:
