@@ -57,10 +57,11 @@ def test_demo_capture_read_back(tmp_path: Path) -> None:
 
 
 def test_reading_a_demo_dump_while_it_is_written(tmp_path: Path) -> None:
-    """Poll the index while a child process captures: every tensor once, none partial."""
+    """Poll the index while a child process captures: every tensor once, none partial (40
+    tokens: long enough that a loaded box still polls more than once before the run ends)."""
     dump = tmp_path / "dump"
     child = subprocess.Popen(
-        [sys.executable, "-m", "layerwatch.capture.demo", "--new-tokens", "6", "--dump", str(dump)],
+        [sys.executable, "-m", "layerwatch.capture.demo", "--new-tokens", "40", "--dump", str(dump)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     reader = None
@@ -92,4 +93,4 @@ def test_reading_a_demo_dump_while_it_is_written(tmp_path: Path) -> None:
     assert len(keys) == len(set(keys))
     full = open_dump(dump).poll()
     assert sorted(keys) == sorted(r.key for r in full.tensors)
-    assert {k.token for k in keys} == set(range(6))
+    assert {k.token for k in keys} == set(range(40))
