@@ -286,10 +286,7 @@ def run_quant_compare(
     for left, right, limits in parts:
         session = make_session(limits)
         try:
-            for side, path in (("golden", left), ("target", right)):
-                session.add_update(side, updates[path] if side == "target" else _golden(path))
-                session.finish(side)
-            session.flush()
+            session.compare_finished(_golden(left), updates[right])
         finally:
             session.close()
         if not session.results():

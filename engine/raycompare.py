@@ -113,25 +113,15 @@ def compare_rank(settings: dict[str, Any], golden: str, rank_dir: str, rank: int
     }
     nodes = settings.get("nodes")
     if nodes:  # --nodes GLOB, as engine/runner.py applies it
-        from fnmatch import fnmatchcase
-
         for u in updates.values():
-            u.tensors = [r for r in u.tensors if fnmatchcase(r.key.node, nodes)]
-    world = ranks.world_size(rank_dir)
-    if ranks.wants_spread(updates["golden"].tensors, updates["target"].tensors, world):
-        rules = ranks.shard_rules(settings.get("map"))
-        g, t, notes = ranks.spread_golden(
-            updates["golden"].tensors, updates["target"].tensors, world, rules
-        )
-        updates["golden"].tensors, updates["target"].tensors = g, t
-        updates["target"].notes.extend(notes)
+            u.only_nodes(nodes)
+    ranks.spread_updates(
+        updates["golden"], updates["target"], ranks.world_size(rank_dir), settings.get("map")
+    )
     recording = _Recording()
     session = _session(settings, recording)
     try:
-        for side in ("golden", "target"):
-            session.add_update(side, updates[side])
-            session.finish(side)
-        session.flush()
+        session.compare_finished(updates["golden"], updates["target"])
     finally:
         session.close()
     import ray
@@ -325,10 +315,7 @@ def ray_compare_main(args: argparse.Namespace) -> int:
     merged["target"].notes = list(dict.fromkeys(merged["target"].notes))
     session = _session(settings, replay)
     try:
-        for side in ("golden", "target"):
-            session.add_update(side, merged[side])
-            session.finish(side)
-        session.flush()
+        session.compare_finished(merged["golden"], merged["target"])
     finally:
         session.close()
     empty = f"no tensors in {args.golden} and {args.target}"

@@ -12,7 +12,6 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,18 +57,13 @@ def _check_path(path: str, side: str) -> None:
 
 def _spread_ranks(updates: dict, args: argparse.Namespace) -> None:
     """A single-card golden against a tensor-parallel target: the golden per target rank,
-    sharded tensors as their slices (engine/session/ranks.py)."""
+    sharded tensors as their slices (engine/session/ranks.py); absent ranks named."""
     from layerwatch.engine.session import ranks
 
     golden, target = updates["golden"], updates["target"]
     world = ranks.world_size(args.target)
-    if not ranks.wants_spread(golden.tensors, target.tensors, world):
+    if not ranks.spread_updates(golden, target, world, getattr(args, "map", None)):
         return
-    rules = ranks.shard_rules(getattr(args, "map", None))
-    golden.tensors, target.tensors, notes = ranks.spread_golden(
-        golden.tensors, target.tensors, world, rules
-    )
-    target.notes.extend(notes)
     present = {r.key.rank for r in target.tensors}
     for missing in sorted(set(range(world or 0)) - present):
         target.notes.append(f"rank {missing} of {world} has no tensors in {args.target}")
@@ -127,7 +121,7 @@ def compare_main(args: argparse.Namespace) -> int:
         "target": open_dump(args.target, side="target"),
     }
     nodes = getattr(args, "nodes", None)
-    keep = (lambda update: _only_nodes(update, nodes)) if nodes else (lambda update: update)
+    keep = (lambda update: update.only_nodes(nodes)) if nodes else (lambda update: update)
     empty = f"no tensors in {args.golden} and {args.target}" + (
         f" for tokens {args.tokens}" if tokens else ""
     )
@@ -150,10 +144,9 @@ def compare_main(args: argparse.Namespace) -> int:
             )
         n = len(updates["golden"].tensors)
         check(Estimate(n, len(updates["golden"].token_ids) or 1, windowed=False), limit_bytes)
-        for side in ("golden", "target"):
-            session.add_update(side, updates[side])
-            session.finish(side)
-        session.flush(progress=progress.pairs if progress.enabled else None)
+        session.compare_finished(
+            updates["golden"], updates["target"], progress.pairs if progress.enabled else None
+        )
     finally:
         session.close()
         progress.clear()
@@ -166,12 +159,6 @@ def compare_main(args: argparse.Namespace) -> int:
         summary_with_report=False,
         allow_partial=bool(getattr(args, "allow_partial", False)),
     )
-
-
-def _only_nodes(update: ReaderUpdate, pattern: str) -> ReaderUpdate:
-    """``--nodes GLOB``: the tensors of matching nodes (names as each dump has them)."""
-    update.tensors = [r for r in update.tensors if fnmatchcase(r.key.node, pattern)]
-    return update
 
 
 def _streamable(

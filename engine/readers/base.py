@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -43,6 +44,11 @@ class ReaderUpdate:
         self.notes.extend(other.notes)
         self.weights.update(other.weights)
         self.case_marks.extend(other.case_marks)
+
+    def only_nodes(self, pattern: str) -> ReaderUpdate:
+        """``--nodes GLOB``: keep the tensors of matching nodes (names as each dump has them)."""
+        self.tensors = [r for r in self.tensors if fnmatchcase(r.key.node, pattern)]
+        return self
 
     def __bool__(self) -> bool:
         return (

@@ -131,6 +131,16 @@ class CompareSession(SessionState):
         with self._lock:
             self._finish(side)
 
+    def compare_finished(
+        self, golden: object, target: object, progress: Callable[[int, int], None] | None = None
+    ) -> ResultBatch:
+        """Two finished dumps' updates at once (headless compares): both sides added and
+        finished, then everything compared."""
+        for side, update in (("golden", golden), ("target", target)):
+            self.add_update(side, update)
+            self.finish(side)
+        return self.flush(progress=progress)
+
     # --- compare ---------------------------------------------------------------------------
     def flush(self, progress: Callable[[int, int], None] | None = None) -> ResultBatch:
         """Compare everything pending, push the batch to the sink (if anything changed)."""

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from layerwatch.capture import format as lwf
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.readers.base import ReaderUpdate
 from layerwatch.engine.records import Locator, TensorRecord
 
 COLLECTIVES = frozenset(lwf.COLLECTIVE_TYPES)
@@ -123,6 +124,21 @@ def wants_spread(golden: list[TensorRecord], target: list[TensorRecord], world: 
     g_ranks = {r.key.rank for r in golden}
     t_ranks = {r.key.rank for r in target}
     return g_ranks <= {0} and bool(t_ranks) and (t_ranks != {0} or (world or 1) > 1)
+
+
+def spread_updates(
+    golden: ReaderUpdate, target: ReaderUpdate, world: int | None, mapping: str | Path | None
+) -> bool:
+    """:func:`spread_golden` on two finished dumps' updates, in place, when the golden is a
+    single card against ranks of a tensor-parallel target (``mapping``: the ``--map`` file's
+    ``[[shard]]`` rules); False (nothing changed) otherwise."""
+    if not wants_spread(golden.tensors, target.tensors, world):
+        return False
+    golden.tensors, target.tensors, notes = spread_golden(
+        golden.tensors, target.tensors, world, shard_rules(mapping)
+    )
+    target.notes.extend(notes)
+    return True
 
 
 def spread_golden(

@@ -244,10 +244,9 @@ def compare_windows(
             else:  # one weight match, one process pool for the whole run
                 session.pairer = first.pairer
                 session.runner = first.runner
-            for side in SIDES:
-                session.add_update(side, updates[side])
-                session.finish(side)
-            session.flush(progress=_offset(progress, done) if progress else None)
+            session.compare_finished(
+                updates["golden"], updates["target"], _offset(progress, done) if progress else None
+            )
             results = session.results()
             done += len(results)
             sink.add(results)
