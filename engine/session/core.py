@@ -11,7 +11,7 @@ methods from the UI thread — one lock guards the state and is never held while
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -292,6 +292,23 @@ class CompareSession(SessionState):
             out.extend(self.settled.results())
             out.sort(key=findings.report_key)
             return out
+
+    def results_by_token(self) -> Iterator[list[PairResult]]:
+        """:meth:`results` a token at a time, in the same order: a report of a long live
+        session is written without every PairResult in memory at once."""
+        with self._lock:
+            live: dict[int, list[PairResult]] = {}
+            for r in [p.eff for p in self._pairs.values() if p.eff is not None]:
+                live.setdefault(r.key.token, []).append(r)
+            for r in self._unpaired_results():
+                live.setdefault(r.key.token, []).append(r)
+            tokens = sorted(live.keys() | self.settled.ranges.keys())
+        for token in tokens:
+            with self._lock:
+                out = live.pop(token, [])
+                out.extend(self.settled.results(self.settled.rows_of(token)))
+            out.sort(key=findings.report_key)
+            yield out
 
     def cells(self) -> dict[tuple[int, int], CellUpdate]:
         """The current grid: (token, block) → cell, for every non-empty cell."""

@@ -28,16 +28,18 @@ EXTRA = np.dtype(
     [
         ("g_source", "<i4"),
         ("t_source", "<i4"),
-        ("g_max", "<f8"),
-        ("g_min", "<f8"),
+        ("g_max", "<f4"),
+        ("g_min", "<f4"),
+        ("t_max", "<f4"),
+        ("t_min", "<f4"),
         ("g_mean", "<f8"),
-        ("t_max", "<f8"),
-        ("t_min", "<f8"),
         ("t_mean", "<f8"),
     ]
 )
 """What msit's CSV columns need beyond the store: each side's source (string id, -1: none) and
-max/min/mean (NaN: none)."""
+max/min/mean (NaN: none). A tensor's max and min are its own elements, exact in float32 for
+every dtype up to fp32; a row whose are not (fp64 tensors) keeps them exactly on the side."""
+_STATS = ("g_max", "g_min", "g_mean", "t_max", "t_min", "t_mean")
 
 
 @dataclass(slots=True)
@@ -62,6 +64,8 @@ class SettledTokens:
         self.findings: dict[int, TokenFindings] = {}
         """Tokens with a failure → their first-failure and root-cause rows."""
         self.tensors = {"golden": 0, "target": 0}
+        self._wide: dict[int, tuple[float, ...]] = {}
+        """Rows whose max/min float32 cannot hold exactly → their six statistics."""
         self.blocks: dict[tuple[str, str], int] = {}
         """(node, part) → block of the settled pairs (checked when the grid's columns change)."""
 
@@ -103,16 +107,25 @@ class SettledTokens:
 
     def _append_extra(self, results: list[PairResult]) -> None:
         s = self.store.strings.id
-        rows = [
-            (
-                s(r.golden.source) if r.golden is not None and r.golden.source else -1,
-                s(r.target.source) if r.target is not None and r.target.source else -1,
-                *_stats(r.golden.stats if r.golden is not None else None, r.golden_stats),
-                *_stats(r.target.stats if r.target is not None else None, r.target_stats),
+        n = len(self.store) - len(results)
+        rows = []
+        for i, r in enumerate(results):
+            g = _stats(r.golden.stats if r.golden is not None else None, r.golden_stats)
+            t = _stats(r.target.stats if r.target is not None else None, r.target_stats)
+            if not all(_narrow(v) for v in (g[0], g[1], t[0], t[1])):
+                self._wide[n + i] = (*g, *t)
+            rows.append(
+                (
+                    s(r.golden.source) if r.golden is not None and r.golden.source else -1,
+                    s(r.target.source) if r.target is not None and r.target.source else -1,
+                    g[0],
+                    g[1],
+                    t[0],
+                    t[1],
+                    g[2],
+                    t[2],
+                )
             )
-            for r in results
-        ]
-        n = len(self.store) - len(rows)
         batch = np.array(rows, dtype=EXTRA)
         done = 0
         while done < len(batch):
@@ -134,9 +147,16 @@ class SettledTokens:
         for p, record in (("g", result.golden), ("t", result.target)):
             if record is not None and extra[f"{p}_source"] >= 0:
                 record.source = values[extra[f"{p}_source"]]
-        result.golden_stats = _unstats(extra, "g") if result.golden is not None else None
-        result.target_stats = _unstats(extra, "t") if result.target is not None else None
+        wide = self._wide.get(i)
+        stats = wide or tuple(float(extra[name]) for name in _STATS)
+        result.golden_stats = _unstats(stats[:3]) if result.golden is not None else None
+        result.target_stats = _unstats(stats[3:]) if result.target is not None else None
         return result
+
+    def cells_of(self, token: int) -> list[tuple[tuple[int, int], CellUpdate]]:
+        _, cols = self._token_rows(token)
+        blocks = np.unique(cols["block"]) if len(cols) else ()
+        return [((token, int(b)), self.cells[(token, int(b))]) for b in blocks if b >= 0]
 
     def results(self, rows: Iterable[int] | None = None) -> Iterator[PairResult]:
         for i in range(len(self.store)) if rows is None else rows:
@@ -238,8 +258,12 @@ def _stats(stats: Stats | None, computed: Stats | None) -> tuple[float, float, f
     return (s.max, s.min, s.mean)
 
 
-def _unstats(extra: np.void, p: str) -> Stats | None:
-    values = [float(extra[f"{p}_{name}"]) for name in ("max", "min", "mean")]
+def _narrow(value: float) -> bool:
+    """float32 holds ``value`` exactly (NaN and infinities included)."""
+    return value != value or float(np.float32(value)) == value
+
+
+def _unstats(values: tuple[float, ...]) -> Stats | None:
     if all(v != v for v in values):
         return None
     return Stats(values[0], values[1], values[2], math.nan)

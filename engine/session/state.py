@@ -35,7 +35,7 @@ from layerwatch.engine.records import (
 from layerwatch.engine.seam import CellUpdate, Finding
 from layerwatch.engine.session import findings
 from layerwatch.engine.session.blocks import BlockLayout, layout_for, topology_from_names
-from layerwatch.engine.session.cells import is_failure
+from layerwatch.engine.session.cells import is_failure, same_cell
 from layerwatch.engine.session.findings import part_of, stem_sort
 from layerwatch.engine.session.settled import SettledTokens
 
@@ -324,6 +324,15 @@ class SessionState:
         first = findings.first_failure(failures)
         cause = findings.root_cause(failures, self._inputs) if failures else None
         self.settled.add_token(token, results, first, cause)
+        for cell, settled in self.settled.cells_of(token):
+            shown = self._emitted.get(cell)
+            if (
+                cell not in self._members
+                and shown is not None
+                and not shown.first_bad
+                and same_cell(shown, settled)
+            ):
+                self._emitted[cell] = settled  # one object for both
         self._n_settled += len(results)
         golden, target = self._records["golden"], self._records["target"]
         tkeys = self._keys_at["target"].get(token)

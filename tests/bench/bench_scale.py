@@ -170,9 +170,14 @@ sys.exit(rc)
 the bench's own pages from before ``exec``."""
 
 
-def run_compare(golden: Path, target: Path, report: Path, *extra: str) -> Figures:
-    """``layerwatch compare`` in a fresh process; its own peak RSS."""
-    cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
+def run_compare(
+    golden: Path, target: Path, report: Path, *extra: str, command: str = "compare"
+) -> Figures:
+    """``layerwatch compare`` (or ``open --headless``: the live session) in a fresh process;
+    its own peak RSS."""
+    cmd = [sys.executable, "-c", _WRAPPER, command, str(golden), str(target)]
+    if command == "open":
+        extra = ("--headless", "--jobs", "1", *extra)
     cmd += ["-o", str(report), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
@@ -185,14 +190,17 @@ def run_compare(golden: Path, target: Path, report: Path, *extra: str) -> Figure
     return Figures(0, seconds, int(hwm.split()[0]) * 1024, proc.returncode)
 
 
-def measure(work: Path, pairs: int, tensors: int = 2000, suffix: str = ".csv") -> dict[str, float]:
-    """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs."""
+def measure(
+    work: Path, pairs: int, tensors: int = 2000, suffix: str = ".csv", command: str = "compare"
+) -> dict[str, float]:
+    """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs
+    (``command``: ``compare``, or ``open`` for the live session behind ``open``/``watch``/``run``)."""
     tensors = min(tensors, pairs)
     tokens = max(1, round(pairs / (2 * len(nodes_for(tensors)))))
     g0, t0, _ = make_pair(work, 1, tensors)
-    base = run_compare(g0, t0, work / f"base{suffix}")
+    base = run_compare(g0, t0, work / f"base{suffix}", command=command)
     golden, target, n = make_pair(work, tokens, tensors)
-    fig = run_compare(golden, target, work / f"report{suffix}")
+    fig = run_compare(golden, target, work / f"report{suffix}", command=command)
     return {
         "pairs": n,
         "seconds": fig.seconds,
