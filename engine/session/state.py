@@ -350,13 +350,14 @@ class SessionState:
                 cands.discard(tkey)
                 if not cands:
                     del self._by_g[gkey]
-            member = ("g", gkey)
-            cell = self._member_cell.pop(member, None)
-            if cell is not None:
-                members = self._members[cell]
+            member: Member = ("g", gkey)
+            where = self._member_cell.get(member)
+            if where is not None:
+                del self._member_cell[member]
+                members = self._members[where]
                 members.discard(member)
                 if not members:
-                    del self._members[cell]
+                    del self._members[where]
             self._changed.discard(member)
             node = (gkey.token, gkey.rank, gkey.node)
             same = self._node_keys.get(node)
@@ -369,8 +370,8 @@ class SessionState:
         if tkeys is not None and not tkeys:
             del self._keys_at["target"][token]
         self._fails.pop(token, None)
-        for same in self._reuse_at.pop(token, ()):
-            self._reuse.pop(same, None)  # type: ignore[attr-defined]
+        for payload in self._reuse_at.pop(token, ()):
+            self._reuse.pop(payload, None)  # type: ignore[attr-defined]
         return True
 
     # --- results ---------------------------------------------------------------------------
