@@ -434,7 +434,8 @@ def _quick_exit(code: int) -> None:
     """End the process now that the report is written and closed and stdout is flushed: the
     interpreter's own shutdown frees every record, result and module one by one, which cost
     10–20 ms of CPU after a compare of ~900 pairs (bench dumps; 5 % of the whole run). Only
-    for a process entry (``main()`` without ``argv``): in-process callers get the code back."""
+    for a process entry (``main()`` without ``argv``): in-process callers get the code back.
+    Not after ``--ray``: Ray's own shutdown hooks disconnect the driver from the cluster."""
     import os
 
     try:
@@ -464,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = "layerwatch.engine.replay:replay_main"
     try:
         code = _load(handler)(args)
-        if argv is None and args.command in _QUICK_EXIT:
+        if argv is None and args.command in _QUICK_EXIT and not getattr(args, "ray", None):
             _quick_exit(code)
         return code
     except LayerwatchError as exc:
