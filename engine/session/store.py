@@ -10,9 +10,10 @@ pair's metric-set id). Rows are fixed-size chunks of a numpy structured array, s
 never copies what is stored.
 
 A store given a ``spill`` directory writes each full chunk (rows and value pool) once to a
-file there and drops it from RAM; a spilled chunk is read back on demand into a small cache
-(:data:`CACHED` chunks). RAM then holds the string tables, the counts, the chunks being filled
-and the cache, whatever the number of pairs. Reading (``pread``) rather than ``np.memmap``:
+file there and drops it from RAM; spilled rows are read back on demand :data:`READ_ROWS` at a
+time into a small cache (:data:`CACHED` reads), a pair's metric values with one read of just
+those. RAM then holds the string tables, the counts, the chunks being filled and the cache,
+whatever the number of pairs. Reading (``pread``) rather than ``np.memmap``:
 a mapped file's pages count in the process's RSS until the kernel reclaims them, so a scan
 over a memmapped store grew RSS by the whole file (tests/bench/bench_scale.py ``--spill``).
 The files are unnamed (``O_TMPFILE``) unless kept, so they vanish with the process however it
@@ -43,8 +44,11 @@ CHUNK = 1 << 16
 """Rows per chunk (a chunk is allocated whole: ~6 MB)."""
 POOL_CHUNK = 1 << 20
 """Metric values per chunk of the value pool (8 MB)."""
-CACHED = 2
-"""Spilled chunks of each kind held in RAM after a read (rows: ~6 MB each, pool: 8 MB)."""
+READ_ROWS = 4096
+"""Spilled rows read a time (~420 KB); the reads of a scan stay small, so freed memory is
+reused rather than left to grow the heap."""
+CACHED = 4
+"""Reads of spilled rows kept in RAM (the detail pane, a window of the grid)."""
 
 _VERDICTS = tuple(Verdict)
 _VERDICT_ID = {v: i for i, v in enumerate(_VERDICTS)}
@@ -101,12 +105,11 @@ NO_PAYLOAD = -1
 
 class _Spilled:
     """Full chunks of one kind (rows or pool values), each written once at its place in one
-    file and read back on demand; the last :data:`CACHED` reads are kept."""
+    file (element ``n`` at ``n * itemsize``), read back a slice at a time."""
 
     def __init__(self, directory: Path, kind: str, dtype: np.dtype, count: int, keep: bool):
         self.directory = directory
         self.dtype = dtype
-        self.count = count
         self.chunk_bytes = dtype.itemsize * count
         self.path: Path | None = None
         try:
@@ -120,8 +123,7 @@ class _Spilled:
             raise _disk_error(directory, exc) from None
         self.fd = self.fh.fileno()
         self.chunks = 0
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
+        """Chunks written: elements below ``chunks * count`` are on disk."""
 
     @property
     def nbytes(self) -> int:
@@ -140,30 +142,20 @@ class _Spilled:
             raise _disk_error(self.directory, exc) from None
         self.chunks = max(self.chunks, index + 1)
 
-    def read(self, index: int, cache: bool = True) -> np.ndarray:
-        with self._lock:
-            found = self._cache.get(index)
-            if found is not None:
-                self._cache.move_to_end(index)
-                return found
-        out = np.empty(self.count, self.dtype)
+    def read(self, first: int, count: int) -> np.ndarray:
+        """Elements ``first`` to ``first + count`` (all on disk), read-only."""
+        out = np.empty(count, self.dtype)
         view = memoryview(out.view(np.uint8))
-        at = index * self.chunk_bytes
+        at = first * self.dtype.itemsize
         while view:
             got = os.preadv(self.fd, [view], at)
             if got <= 0:
                 raise LayerwatchError(f"spilled results in {self.directory} were cut short")
             view, at = view[got:], at + got
         out.flags.writeable = False
-        if cache:
-            with self._lock:
-                self._cache[index] = out
-                while len(self._cache) > CACHED:
-                    self._cache.popitem(last=False)
         return out
 
     def close(self) -> None:
-        self._cache.clear()
         self.fh.close()
 
 
@@ -204,6 +196,9 @@ class ResultStore:
                 _Spilled(self.spill_dir, "rows", ROW, CHUNK, keep),
                 _Spilled(self.spill_dir, "pool", np.dtype("<f8"), POOL_CHUNK, keep),
             ]
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        """Reads of spilled rows by ``i // READ_ROWS``."""
+        self._lock = threading.Lock()
         self._closer = weakref.finalize(self, _close_all, self._files)
 
     def __len__(self) -> int:
@@ -329,42 +324,59 @@ class ResultStore:
         self._pool_n += 1
 
     # --- reading ----------------------------------------------------------------------------
-    def _rows_at(self, k: int, cache: bool = True) -> np.ndarray:
-        chunk = self._chunks[k]
-        return chunk if chunk is not None else self._files[0].read(k, cache)
+    def _spilled_rows(self, block: int, step: int) -> np.ndarray:
+        with self._lock:
+            found = self._cache.get(block)
+            if found is not None:
+                self._cache.move_to_end(block)
+                return found
+        rows = self._files[0].read(block * step, step)
+        with self._lock:
+            self._cache[block] = rows
+            while len(self._cache) > CACHED:
+                self._cache.popitem(last=False)
+        return rows
 
-    def _value(self, pos: int) -> float:
-        chunk = self._pool[pos // POOL_CHUNK]
-        if chunk is None:
-            chunk = self._files[1].read(pos // POOL_CHUNK)
-        return float(chunk[pos % POOL_CHUNK])
+    def _values(self, pos: int, count: int) -> list[float]:
+        """``count`` metric values from ``pos`` of the pool (one read where all are on disk)."""
+        if self._files and pos + count <= self._files[1].chunks * POOL_CHUNK:
+            return self._files[1].read(pos, count).tolist()
+        out = []
+        for at in range(pos, pos + count):
+            chunk = self._pool[at // POOL_CHUNK]
+            if chunk is None:
+                out.append(float(self._files[1].read(at, 1)[0]))
+            else:
+                out.append(float(chunk[at % POOL_CHUNK]))
+        return out
 
     def _row(self, i: int) -> np.void:
         if not 0 <= i < self._n:
             raise IndexError(i)
-        return self._rows_at(i // CHUNK)[i % CHUNK]
+        chunk = self._chunks[i // CHUNK]
+        if chunk is not None:
+            return chunk[i % CHUNK]
+        step = min(READ_ROWS, CHUNK)  # both powers of two: a read never leaves its chunk
+        return self._spilled_rows(i // step, step)[i % step]
 
     def column(self, name: str) -> np.ndarray:
-        """One column over every stored pair (a copy; spilled chunks are read one at a time
+        """One column over every stored pair (a copy; spilled rows are read a slice at a time
         and not cached, so a scan does not hold the store in RAM)."""
-        if not self._chunks:
-            return np.zeros(0, ROW[name])
         out = np.empty(len(self._chunks) * CHUNK, ROW[name])
-        for k in range(len(self._chunks)):
-            out[k * CHUNK : (k + 1) * CHUNK] = self._rows_at(k, cache=False)[name]
+        step = min(READ_ROWS, CHUNK)
+        for k, chunk in enumerate(self._chunks):
+            if chunk is not None:
+                out[k * CHUNK : (k + 1) * CHUNK] = chunk[name]
+                continue
+            for at in range(k * CHUNK, (k + 1) * CHUNK, step):
+                out[at : at + step] = self._files[0].read(at, step)[name]
         return out[: self._n]
 
     def metrics(self, i: int) -> dict[str, float]:
         row = self._row(i)
-        pos = int(row["mpos"])
-        out: dict[str, float] = {}
-        for name, const in self.metric_sets.values[int(row["mset"])]:
-            if const is None:
-                out[name] = self._value(pos)
-                pos += 1
-            else:
-                out[name] = const
-        return out
+        names = self.metric_sets.values[int(row["mset"])]
+        values = iter(self._values(int(row["mpos"]), sum(c is None for _, c in names)))
+        return {name: next(values) if const is None else const for name, const in names}
 
     def key(self, i: int) -> TensorKey:
         row = self._row(i)

@@ -94,7 +94,7 @@ def test_a_spilled_store_gives_back_what_the_in_ram_store_does(
     for name in ROW.names:
         assert (disk.column(name) == ram.column(name)).all(), name
     assert math.isnan(disk.metrics(len(results) - 1)["a"])
-    assert len(disk._files[0]._cache) <= store.CACHED  # reads do not bring the store back
+    assert len(disk._cache) <= store.CACHED  # reads do not bring the store back
     disk.close()
     ram.close()
 
@@ -239,4 +239,4 @@ def test_ram_of_a_spilled_store_does_not_grow_with_its_pairs(tmp_path: Path) -> 
         grown[name] = kb * 1024
         assert (disk > 100_000_000) == (name == "spill")
     assert grown["ram"] > 130 << 20, grown  # the measurement sees the store
-    assert grown["spill"] < 72 << 20, grown
+    assert grown["spill"] < 64 << 20, grown  # measured ~33 MB
