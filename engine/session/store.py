@@ -15,7 +15,7 @@ time into a small cache (:data:`CACHED` reads), a pair's metric values with one 
 those. RAM then holds the string tables, the counts, the chunks being filled and the cache,
 whatever the number of pairs. Reading (``pread``) rather than ``np.memmap``:
 a mapped file's pages count in the process's RSS until the kernel reclaims them, so a scan
-over a memmapped store grew RSS by the whole file (tests/bench/bench_scale.py ``--spill``).
+over a memmapped 123 MB rows file added 123 MB of RSS, until ``MADV_DONTNEED`` or unmapping.
 The files are unnamed (``O_TMPFILE``) unless kept, so they vanish with the process however it
 ends; :meth:`ResultStore.close` gives their space back at once.
 
