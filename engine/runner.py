@@ -77,7 +77,7 @@ def compare_main(args: argparse.Namespace) -> int:
 
     from layerwatch.engine.outcome import check_report_path, conclude
     from layerwatch.engine.readers import open_dump
-    from layerwatch.engine.session.budget import Estimate, check, parse_size
+    from layerwatch.engine.session.budget import Estimate, check, parse_size, spill_dir
     from layerwatch.engine.session.core import CompareSession
 
     tokens = parse_tokens(args.tokens) if getattr(args, "tokens", None) else None
@@ -129,8 +129,8 @@ def compare_main(args: argparse.Namespace) -> int:
     )
     streamable = _streamable(readers, tokens, args)
     if streamable is not None:
-        check(streamable, limit_bytes)
-        return _compare_windowed(args, readers, make_session, keep, progress, empty)
+        plan = check(streamable, limit_bytes, spill_dir(output))
+        return _compare_windowed(args, readers, make_session, keep, progress, empty, plan.spill)
     session = make_session()
     try:
         # Parsed here, one after the other: a second process parsing one dump in parallel saved
@@ -194,9 +194,11 @@ def _compare_windowed(
     keep: Callable[[ReaderUpdate], ReaderUpdate],
     progress: _Progress,
     empty: str,
+    spill: Path | None = None,
 ) -> int:
     """engine/session/windowed.py: rows are written as each window of tokens is judged; a run
-    stopped part-way (Ctrl-C, a full disk) keeps them in a report marked incomplete."""
+    stopped part-way (Ctrl-C, a full disk) keeps them in a report marked incomplete.
+    ``spill``: the store's chunks go to files there (engine/session/budget.py chose it)."""
     from layerwatch.engine.outcome import ReportStream, conclude
     from layerwatch.engine.session.windowed import WindowedRun, compare_windows
 
@@ -204,7 +206,7 @@ def _compare_windowed(
     as_json = bool(getattr(args, "json", False))
     stream = ReportStream(output, sys.stdout if as_json else None)
     chunks = {side: _Filtered(reader, keep) for side, reader in readers.items()}
-    run = WindowedRun()
+    run = WindowedRun(spill)
     try:
         run = compare_windows(
             chunks,

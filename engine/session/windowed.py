@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from layerwatch.engine.readers.base import ReaderUpdate
@@ -131,10 +132,12 @@ def windows(
 class WindowedRun:
     """What a finished windowed compare knows: the merged findings, counts and notes, and
     every pair in a :class:`ResultStore`. Quacks like the session for engine/outcome.py and
-    ``wording.summary_text`` (summary, findings, divergence, notes, token ids, blocks)."""
+    ``wording.summary_text`` (summary, findings, divergence, notes, token ids, blocks).
+    ``spill``: a directory the store writes its full chunks to (engine/session/budget.py
+    decides when; a note says so)."""
 
-    def __init__(self) -> None:
-        self.store = ResultStore()
+    def __init__(self, spill: Path | None = None) -> None:
+        self.store = ResultStore(spill)
         self.first_failure: Finding | None = None
         self.root_cause: Finding | None = None
         self._logits_bad: int | None = None
@@ -214,7 +217,13 @@ class WindowedRun:
 
     @property
     def notes(self) -> list[str]:
-        return list(self._notes)
+        notes = list(self._notes)
+        if self.store.disk_bytes:
+            notes.append(
+                f"results spilled to disk: {self.store.disk_bytes / 2**20:.0f} MB "
+                f"in {self.store.spill_dir} (more than fits in memory)"
+            )
+        return notes
 
     def token_ids(self, side: str) -> dict[int, tuple[int, ...]]:
         return dict(self._token_ids[side])

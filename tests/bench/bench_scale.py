@@ -9,7 +9,9 @@ one per token), cached under ``--work`` (default ``/tmp/layerwatch-bench-scale``
 ``layerwatch compare GOLDEN TARGET -o report.csv`` in a fresh process per size and prints
 pairs/s, that process's peak RSS (``wait4``), and bytes a pair of RAM above start-up (peak RSS
 minus the peak of the same command on a one-token dump, over the pairs). ``--big`` adds 4 M
-pairs. ``--open`` also times opening the index alone (``open_dump(...).poll``).
+pairs. ``--open`` also times opening the index alone (``open_dump(...).poll``). ``--spill``
+runs each size twice in turn, the result store in RAM and spilled to disk
+(``LAYERWATCH_SPILL=never|always``, engine/session/budget.py), and prints the ratio of both.
 CI runs :func:`measure` at ~100 k pairs (tests/engine/session/test_scale.py) and asserts
 bytes a pair only — seconds are too noisy on shared runners.
 """
@@ -170,11 +172,13 @@ sys.exit(rc)
 the bench's own pages from before ``exec``."""
 
 
-def run_compare(golden: Path, target: Path, report: Path, *extra: str) -> Figures:
+def run_compare(
+    golden: Path, target: Path, report: Path, *extra: str, spill: str = "auto"
+) -> Figures:
     """``layerwatch compare`` in a fresh process; its own peak RSS."""
     cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
     cmd += ["-o", str(report), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LAYERWATCH_SPILL": spill}
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds = time.perf_counter() - start
@@ -185,14 +189,17 @@ def run_compare(golden: Path, target: Path, report: Path, *extra: str) -> Figure
     return Figures(0, seconds, int(hwm.split()[0]) * 1024, proc.returncode)
 
 
-def measure(work: Path, pairs: int, tensors: int = 2000, suffix: str = ".csv") -> dict[str, float]:
-    """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs."""
+def measure(
+    work: Path, pairs: int, tensors: int = 2000, suffix: str = ".csv", spill: str = "auto"
+) -> dict[str, float]:
+    """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs
+    (``spill``: the store in RAM ``never``, on disk ``always``, or as the budget decides)."""
     tensors = min(tensors, pairs)
     tokens = max(1, round(pairs / (2 * len(nodes_for(tensors)))))
     g0, t0, _ = make_pair(work, 1, tensors)
-    base = run_compare(g0, t0, work / f"base{suffix}")
+    base = run_compare(g0, t0, work / f"base{suffix}", spill=spill)
     golden, target, n = make_pair(work, tokens, tensors)
-    fig = run_compare(golden, target, work / f"report{suffix}")
+    fig = run_compare(golden, target, work / f"report{suffix}", spill=spill)
     return {
         "pairs": n,
         "seconds": fig.seconds,
@@ -218,18 +225,33 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=2000, help="tensors a token")
     parser.add_argument("--suffix", default=".csv", help="report format: .csv .json .jsonl")
     parser.add_argument("--open", action="store_true", help="time opening the golden index")
+    parser.add_argument(
+        "--spill", action="store_true", help="each size with the store in RAM, then on disk"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/layerwatch-bench-scale"))
     args = parser.parse_args()
     sizes = list(args.pairs) + ([4_000_000] if args.big else [])
     args.work.mkdir(parents=True, exist_ok=True)
-    print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair")
+    modes = ("never", "always") if args.spill else ("auto",)
+    store = {"auto": "", "never": "  RAM", "always": "  disk"}
+    print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair" + "  store" * args.spill)
     for pairs in sizes:
-        f = measure(args.work, pairs, args.tensors, args.suffix)
-        print(
-            f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
-            f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  {f['bytes_per_pair']:8.0f}",
-            flush=True,
-        )
+        got = {}
+        for mode in modes:
+            f = got[mode] = measure(args.work, pairs, args.tensors, args.suffix, mode)
+            print(
+                f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
+                f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
+                f"{f['bytes_per_pair']:8.0f}{store[mode]}",
+                flush=True,
+            )
+        if args.spill:
+            ram, disk = got["never"], got["always"]
+            print(
+                f"  spilled/RAM: pairs/s {disk['pairs_per_s'] / ram['pairs_per_s']:.2f}, "
+                f"peak RSS {disk['peak_rss_mb'] / ram['peak_rss_mb']:.2f}",
+                flush=True,
+            )
         if args.open:
             tokens = max(1, round(pairs / (2 * len(nodes_for(min(args.tensors, pairs))))))
             golden, _, _ = make_pair(args.work, tokens, min(args.tensors, pairs))
