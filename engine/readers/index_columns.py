@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -34,8 +36,9 @@ NODE = b',"node":"'
 STEM = b'","stem":"'
 BLOCK_BYTES = 16 << 20
 """Index bytes scanned a time (whole lines): the gathers of one block stay a few MB."""
+THREADS = max(1, min(4, os.cpu_count() or 1))
+"""Blocks scanned at once."""
 TOKEN_DIGITS = 12
-_POW10 = 10 ** np.arange(TOKEN_DIGITS, dtype=np.int64)
 _PAD = 64
 """Zero bytes after a block, so fixed-width gathers near its end stay in bounds."""
 
@@ -46,6 +49,9 @@ class NameTable:
 
     names: list[str] = field(default_factory=list)
     ids: dict[str, int] = field(default_factory=dict)
+    pairs: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    """First hash of a ``node","stem":"stem`` span → (second hash, node id, stem id): the
+    same pairs come back at every token, so each is decoded once."""
 
     def id(self, name: str) -> int:
         found = self.ids.get(name)
@@ -99,29 +105,37 @@ class IndexColumns:
         )
 
 
-def scan_file(path: str | os.PathLike[str], table: NameTable) -> IndexColumns:
-    """Scan a whole index file (``OSError`` when it cannot be read)."""
+def scan_file(
+    path: str | os.PathLike[str], table: NameTable, threads: int | None = None
+) -> IndexColumns:
+    """Scan a whole index file (``OSError`` when it cannot be read). Blocks are scanned by
+    ``threads`` workers (numpy releases the GIL); names are given ids in index order."""
+    threads = threads or THREADS
     parts: list[tuple[np.ndarray, ...]] = []
     extra: list[tuple[int, bytes]] = []
     size = 0
-    buf = np.zeros(2 * BLOCK_BYTES + _PAD, np.uint8)
-    held = 0  # bytes of a line not yet complete, at the start of buf
-    with open(path, "rb", buffering=0) as fh:
+    carry = np.zeros(0, np.uint8)  # a line not yet complete
+    pending: deque[tuple[int, Future[_Scanned]]] = deque()
+    with open(path, "rb", buffering=0) as fh, ThreadPoolExecutor(threads) as pool:
         while True:
-            if held + BLOCK_BYTES > len(buf) - _PAD:  # one line longer than a block
-                buf = np.concatenate([buf, np.zeros(len(buf), np.uint8)])
-            got = fh.readinto(memoryview(buf)[held : held + BLOCK_BYTES])
+            block = np.empty(len(carry) + BLOCK_BYTES + _PAD, np.uint8)
+            block[: len(carry)] = carry
+            got = fh.readinto(memoryview(block)[len(carry) : len(carry) + BLOCK_BYTES])
             if not got:
                 break
-            filled = held + got
-            last = buf[held:filled]
-            cut = held + int(np.flatnonzero(last == 10)[-1]) + 1 if (last == 10).any() else 0
+            filled = len(carry) + got
+            cut = _after_last_newline(block, len(carry), filled)
+            carry = block[cut:filled].copy()  # one line longer than a block: read on
             if cut:
-                parts.append(scan_block(buf, cut, size, table, extra))
+                pending.append((size, pool.submit(_scan_vectors, block, cut)))
                 size += cut
-            held = filled - cut
-            buf[:held] = buf[cut:filled].copy()
-    torn = bool(bytes(buf[:held]).strip())
+            while len(pending) > threads:
+                base, job = pending.popleft()
+                parts.append(_name_rows(job.result(), base, table, extra))
+        while pending:
+            base, job = pending.popleft()
+            parts.append(_name_rows(job.result(), base, table, extra))
+    torn = bool(bytes(carry).strip())
     if not parts:
         empty = np.zeros(0, np.int64)
         return IndexColumns(empty, empty.astype(np.int32), empty.astype(np.int32), empty,
@@ -134,12 +148,42 @@ def scan_file(path: str | os.PathLike[str], table: NameTable) -> IndexColumns:
     return IndexColumns(token, node, stem, offset, length, extra, size, torn)
 
 
-def scan_block(
-    a: np.ndarray, cut: int, base: int, table: NameTable, extra: list[tuple[int, bytes]]
-) -> tuple[np.ndarray, ...]:
-    """The whole lines ``a[:cut]`` (at byte ``base`` of the index; ``a`` has at least
-    ``_PAD`` bytes after ``cut``) → (token, node, stem, offset, length) of its tensor lines;
-    the other lines are appended to ``extra``."""
+def _after_last_newline(buf: np.ndarray, low: int, high: int) -> int:
+    """One past the last newline in ``buf[low:high]`` (0 when none), looking from the end."""
+    step = 1 << 16
+    while high > low:
+        start = max(low, high - step)
+        found = np.flatnonzero(buf[start:high] == 10)
+        if len(found):
+            return start + int(found[-1]) + 1
+        high = start
+    return 0
+
+
+@dataclass
+class _Scanned:
+    """One block's vector work, before its names get ids (``_name_rows``, in order)."""
+
+    block: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    ok: np.ndarray
+    token: np.ndarray
+    node_s: np.ndarray
+    node_len: np.ndarray
+    stem_e: np.ndarray
+    first: np.ndarray
+    """Per distinct (node, stem): a row that has it."""
+    inverse: np.ndarray
+    """Per tensor row: its distinct pair."""
+    hashes: tuple[list[int], list[int]] | None
+    """Per distinct pair: its two hashes (None after a collision)."""
+
+
+def _scan_vectors(a: np.ndarray, cut: int) -> _Scanned:
+    """The whole lines ``a[:cut]`` (``a`` has ``_PAD`` bytes after ``cut``): which are tensor
+    lines with the fixed head, their tokens, where node and stem are, and which rows share a
+    (node, stem)."""
     raw = a[:cut]
     w = np.ndarray((len(a) - 7,), dtype="<u8", buffer=a, strides=(1,))  # 8 bytes at any offset
     ends = np.flatnonzero(raw == 10)
@@ -147,40 +191,68 @@ def scan_block(
     starts[:1] = 0
     starts[1:] = ends[:-1] + 1
     ok = (ends - starts > len(HEAD) + 16) & _matches(w, starts, HEAD)
-    at = starts + len(HEAD)  # token digits
-    digits = np.stack([w[at], w[at + 8]], axis=1).view(np.uint8)[:, :TOKEN_DIGITS]
-    isdigit = (digits >= 48) & (digits <= 57)
-    nd = np.argmin(isdigit, axis=1)  # the first non-digit
-    ok &= (nd > 0) & isdigit[:, 0]
-    lead = np.clip(nd[:, None] - 1 - np.arange(TOKEN_DIGITS), 0, None)
-    value = np.where(np.arange(TOKEN_DIGITS) < nd[:, None], digits.astype(np.int64) - 48, 0)
-    token = (value * _POW10[lead]).sum(axis=1)
+    at = starts + len(HEAD)
+    token, nd = _digits(a, at)
+    ok &= nd > 0
     at = at + nd
     ok &= _matches(w, at, NODE)
     node_s = at + len(NODE)
-    # node and stem end at the next quotes: the 10th and 14th of a tensor line
-    quotes = np.flatnonzero(raw == 34)
-    first = np.searchsorted(quotes, starts)
-    node_e = _quote(quotes, first + 9, cut)
-    stem_s = node_e + len(STEM)
-    stem_e = _quote(quotes, first + 13, cut)
-    ok &= (_quote(quotes, first + 8, cut) == node_s - 1) & (stem_e < ends)
-    ok &= _matches(w, node_e, STEM) & (_quote(quotes, first + 12, cut) == stem_s - 1)
-    ok &= a[stem_e + 1] == 44  # '",' after the stem
+    # node and stem end at the next quote (no escapes: lines with a backslash go the JSON way)
+    node_e = _next_quote(w, node_s, ends, ok)
+    ok &= node_e < ends
+    ok &= _matches(w, node_e, STEM)
+    stem_e = _next_quote(w, node_e + len(STEM), ends, ok)
+    ok &= (stem_e < ends) & (a[stem_e + 1] == 44)  # '",' after the stem
     if (raw == 92).any():  # a backslash: escapes are JSON's business
         ok[np.unique(np.searchsorted(ends, np.flatnonzero(raw == 92)))] = False
     rows = np.flatnonzero(ok)
-    node, stem = _intern_pairs(a, w, node_s[rows], stem_e[rows], node_e[rows] - node_s[rows], table)
-    token, offset, length = token[rows], starts[rows] + base, (ends - starts)[rows]
-    fallback = np.flatnonzero(~ok)
+    node_s, node_e, stem_e = node_s[rows], node_e[rows], stem_e[rows]
+    first, inverse, hashes = _distinct(a, w, node_s, stem_e, node_e - node_s)
+    return _Scanned(a, starts, ends, ok, token[rows], node_s, node_e - node_s, stem_e, first,
+                    inverse, hashes)  # fmt: skip
+
+
+def _name_rows(
+    got: _Scanned, base: int, table: NameTable, extra: list[tuple[int, bytes]]
+) -> tuple[np.ndarray, ...]:
+    """Columns (token, node, stem, offset, length) of one scanned block at byte ``base``;
+    its other lines are appended to ``extra``."""
+    a = got.block
+    first = got.first.tolist()
+    h1, h2 = got.hashes or ([None] * len(first), [None] * len(first))
+    node_s, node_len, stem_e = (got.node_s[first].tolist(), got.node_len[first].tolist(),
+                                got.stem_e[first].tolist())  # fmt: skip
+    nodes: list[int] = []
+    stems: list[int] = []
+    known = table.pairs
+    for i in range(len(first)):
+        hit = known.get(h1[i]) if h1[i] is not None else None
+        if hit is not None and hit[0] == h2[i]:
+            nodes.append(hit[1])
+            stems.append(hit[2])
+            continue
+        s, n, e = node_s[i], node_len[i], stem_e[i]
+        text = a[s:e].tobytes()
+        node = table.id(text[:n].decode("utf-8", "surrogateescape"))
+        stem = table.id(text[n + len(STEM) :].decode("utf-8", "surrogateescape"))
+        if h1[i] is not None and hit is None:
+            known[h1[i]] = (h2[i], node, stem)
+        nodes.append(node)
+        stems.append(stem)
+    rows = np.flatnonzero(got.ok)
+    cols = [
+        got.token,
+        np.array(nodes, np.int32)[got.inverse],
+        np.array(stems, np.int32)[got.inverse],
+        got.starts[rows] + base,
+        (got.ends - got.starts)[rows],
+    ]
+    fallback = np.flatnonzero(~got.ok)
     if len(fallback):
-        more = _json_way(a, starts, ends, fallback, base, table, extra)
+        more = _json_way(a, got.starts, got.ends, fallback, base, table, extra)
         if more is not None:
-            token = np.concatenate([token, more[0]])
-            node = np.concatenate([node, more[1]])
-            stem = np.concatenate([stem, more[2]])
-            offset = np.concatenate([offset, more[3]])
-            length = np.concatenate([length, more[4]])
+            cols = [np.concatenate([c, m]) for c, m in zip(cols, more, strict=True)]
+    token, node, stem, offset, length = cols
     return (
         token.astype(np.int64),
         node.astype(np.int32),
@@ -188,6 +260,22 @@ def scan_block(
         offset.astype(np.int64),
         length.astype(np.int32),
     )
+
+
+def _digits(a: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The unsigned integer at each ``at`` and its number of digits (0: none), a digit
+    column at a time while any row still has one."""
+    value = np.zeros(len(at), np.int64)
+    count = np.zeros(len(at), np.int64)
+    going = np.ones(len(at), bool)
+    for j in range(TOKEN_DIGITS):
+        d = a[at + j].astype(np.int64) - 48
+        going &= (d >= 0) & (d <= 9)
+        if not going.any():
+            break
+        value = np.where(going, value * 10 + d, value)
+        count += going
+    return value, count
 
 
 _MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1], np.uint64)
@@ -207,54 +295,73 @@ def _matches(w: np.ndarray, at: np.ndarray, want: bytes) -> np.ndarray:
     return ok
 
 
-def _quote(quotes: np.ndarray, i: np.ndarray, missing: int) -> np.ndarray:
-    """``quotes[i]``, or ``missing`` past the end."""
-    return np.where(i < len(quotes), quotes[np.minimum(i, max(len(quotes) - 1, 0))], missing) \
-        if len(quotes) else np.full(len(i), missing, np.int64)  # fmt: skip
+_ONES = np.uint64(0x0101010101010101)
+_HIGHS = np.uint64(0x8080808080808080)
+_QUOTES = np.uint64(0x2222222222222222)
+
+
+def _next_quote(w: np.ndarray, at: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    (
+        """Position of the first ``"`` at or after ``at`` in each of ``rows`` (a mask), 8 bytes a
+    step (a zero byte of ``word ^ '"""
+        """""'``, found with the carry trick); ``ends`` for rows
+    with none before their line's end."""
+    )
+    out = ends.copy()
+    active = np.flatnonzero(rows)
+    start = at[active]
+    k = 0
+    while len(active):
+        y = w[start + k] ^ _QUOTES
+        t = (y - _ONES) & ~y & _HIGHS  # the lowest set bit marks the first quote byte
+        hit = t != 0
+        if hit.any():
+            low = t[hit] & (~t[hit] + np.uint64(1))
+            byte = (np.log2(low.astype(np.float64)).astype(np.int64) - 7) >> 3
+            out[active[hit]] = start[hit] + k + byte
+            miss = ~hit
+            active, start = active[miss], start[miss]
+        k += 8
+        past = start + k < ends[active]
+        if not past.all():
+            active, start = active[past], start[past]
+    return out
 
 
 _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
 
 
-def _intern_pairs(
-    a: np.ndarray,
-    w: np.ndarray,
-    start: np.ndarray,
-    end: np.ndarray,
-    node_len: np.ndarray,
-    table: NameTable,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Ids of node and stem for rows whose ``node","stem":"stem`` bytes are ``a[start:end]``:
-    a 128-bit hash a row (two 64-bit ones, words masked to the row's length), one dict
-    look-up per distinct hash. Rows that share the first hash but not the second would be a
-    collision: then the bytes themselves are sorted instead."""
+def _distinct(
+    a: np.ndarray, w: np.ndarray, start: np.ndarray, end: np.ndarray, node_len: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, tuple[list[int], list[int]] | None]:
+    """(first, inverse) of the rows' ``node","stem":"stem`` bytes ``a[start:end]``, like
+    ``np.unique``'s: a 128-bit hash a row (two 64-bit ones over its words, read backwards from
+    the end so a short first word overlaps only the constant ``"node":"`` before it). Rows
+    that share the first hash but not the second would be a collision: then the bytes
+    themselves are sorted instead."""
     if not len(start):
-        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), ([], [])
     span = end - start
+    words = (span + 7) >> 3
     h1 = span.astype(np.uint64) * _MIX[0] + node_len.astype(np.uint64)
     h2 = h1 ^ _MIX[1]
-    for k in range(0, int(span.max()), 8):
-        word = w[start + k] & _MASKS[np.clip(span - k, 0, 8)]
+    for k in range(int(words.max())):
+        word = w[np.maximum(end - 8 * (k + 1), 0)]
+        if k >= int(words.min()):
+            word = np.where(k < words, word, np.uint64(0))
         h1 = (h1 ^ word) * _MIX[0]
         h1 ^= h1 >> np.uint64(29)
-        h2 = (h2 ^ word) * _MIX[1]
-        h2 ^= h2 >> np.uint64(31)
+        h2 = (h2 + word) * _MIX[1]
     _, first, inverse = np.unique(h1, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
-    if not bool((h2 == h2[first][inverse]).all()):
-        width = int(span.max())
-        grid = a[start[:, None] + np.arange(width)]
-        grid[np.arange(width) >= span[:, None]] = 0
-        keys = np.ascontiguousarray(grid).view(np.dtype((np.void, width))).ravel()
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-    nodes = np.empty(len(first), np.int32)
-    stems = np.empty(len(first), np.int32)
-    for i, row in enumerate(first.tolist()):
-        s, n, e = int(start[row]), int(node_len[row]), int(end[row])
-        nodes[i] = table.id(bytes(a[s : s + n]).decode("utf-8", "surrogateescape"))
-        stems[i] = table.id(bytes(a[s + n + len(STEM) : e]).decode("utf-8", "surrogateescape"))
-    return nodes[inverse], stems[inverse]
+    if bool((h2 == h2[first][inverse]).all()):
+        return first, inverse, (h1[first].tolist(), h2[first].tolist())
+    width = int(span.max())
+    grid = a[start[:, None] + np.arange(width)]
+    grid[np.arange(width) >= span[:, None]] = 0
+    keys = np.ascontiguousarray(grid).view(np.dtype((np.void, width))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1), None
 
 
 def _json_way(

@@ -9,7 +9,13 @@ one per token), cached under ``--work`` (default ``/tmp/layerwatch-bench-scale``
 ``layerwatch compare GOLDEN TARGET -o report.csv`` in a fresh process per size and prints
 pairs/s, that process's peak RSS (``wait4``), and bytes a pair of RAM above start-up (peak RSS
 minus the peak of the same command on a one-token dump, over the pairs). ``--big`` adds 4 M
-pairs. ``--open`` also times opening the index alone (``open_dump(...).poll``).
+pairs. ``--open`` also times opening the index alone (``open_dump(...).poll``);
+``--byte-chunks`` also runs each compare the way it read windows before the column index.
+
+    python tests/bench/bench_scale.py --open-only 1000000 10000000 [--stats]
+
+times opening golden dumps alone, in fresh processes: ``open_columns`` (what ``compare`` does)
+against one ``poll`` that builds a record a tensor (up to ``--records-max``), with peak RSS.
 CI runs :func:`measure` at ~100 k pairs (tests/engine/session/test_scale.py) and asserts
 bytes a pair only — seconds are too noisy on shared runners.
 """
@@ -58,11 +64,13 @@ def write_dump(
     seed: int,
     faults: tuple[tuple[int, int], ...] = (),
     diverge_at: int | None = None,
+    stats: bool = False,
 ) -> int:
     """One rank directory of ``tokens`` × ~``tensors`` tensors; returns the tensors written.
 
     ``faults``: (token, node index) whose output is 10 % off from then on (a fault the session
-    must find); ``diverge_at``: this side was fed other input ids from that token on."""
+    must find); ``diverge_at``: this side was fed other input ids from that token on;
+    ``stats``: each tensor line carries its statistics, as a capture's do by default."""
     import torch
     from layerwatch.capture import format as lwf
     from layerwatch.capture.safetensors_file import write_batch_file
@@ -120,13 +128,25 @@ def write_dump(
                         at + size,
                         i,
                         kind,
-                        None,
+                        _stats(values[i, j]) if stats else None,
                     )
                     lines.append(lwf.encode_line(entry.to_json()))
             index.write("".join(lines))
             count += len(lines) - 1
         index.write(lwf.encode_line({"k": lwf.K_END, "status": "complete", "tokens": tokens}))
     return count
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    v = values.astype(np.float64)
+    return {
+        "max": float(v.max()),
+        "min": float(v.min()),
+        "mean": float(v.mean()),
+        "norm": float(np.sqrt((v * v).sum())),
+        "nan": 0,
+        "inf": 0,
+    }
 
 
 def make_pair(work: Path, tokens: int, tensors: int, noise: float = 1e-7) -> tuple[Path, Path, int]:
@@ -156,8 +176,11 @@ class Figures:
 
 
 _WRAPPER = """
-import sys
+import os, sys
 from layerwatch.tui.cli import main
+if os.environ.get("BENCH_BYTE_CHUNKS"):  # the windows of before: a record a line as read
+    from layerwatch.engine.readers.layerwatch import LayerwatchReader
+    del LayerwatchReader.open_columns
 try:
     rc = main(sys.argv[1:])
 finally:
@@ -170,11 +193,16 @@ sys.exit(rc)
 the bench's own pages from before ``exec``."""
 
 
-def run_compare(golden: Path, target: Path, report: Path, *extra: str) -> Figures:
-    """``layerwatch compare`` in a fresh process; its own peak RSS."""
+def run_compare(
+    golden: Path, target: Path, report: Path, *extra: str, byte_chunks: bool = False
+) -> Figures:
+    """``layerwatch compare`` in a fresh process; its own peak RSS. ``byte_chunks``: windows
+    read the way they were before the column index (for same-run ratios)."""
     cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
     cmd += ["-o", str(report), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if byte_chunks:
+        env["BENCH_BYTE_CHUNKS"] = "1"
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds = time.perf_counter() - start
@@ -185,14 +213,16 @@ def run_compare(golden: Path, target: Path, report: Path, *extra: str) -> Figure
     return Figures(0, seconds, int(hwm.split()[0]) * 1024, proc.returncode)
 
 
-def measure(work: Path, pairs: int, tensors: int = 2000, suffix: str = ".csv") -> dict[str, float]:
+def measure(
+    work: Path, pairs: int, tensors: int = 2000, suffix: str = ".csv", byte_chunks: bool = False
+) -> dict[str, float]:
     """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs."""
     tensors = min(tensors, pairs)
     tokens = max(1, round(pairs / (2 * len(nodes_for(tensors)))))
     g0, t0, _ = make_pair(work, 1, tensors)
-    base = run_compare(g0, t0, work / f"base{suffix}")
+    base = run_compare(g0, t0, work / f"base{suffix}", byte_chunks=byte_chunks)
     golden, target, n = make_pair(work, tokens, tensors)
-    fig = run_compare(golden, target, work / f"report{suffix}")
+    fig = run_compare(golden, target, work / f"report{suffix}", byte_chunks=byte_chunks)
     return {
         "pairs": n,
         "seconds": fig.seconds,
@@ -211,6 +241,63 @@ def time_open(golden: Path) -> tuple[int, float]:
     return len(update.tensors), time.perf_counter() - start
 
 
+_OPEN = """
+import sys, time
+from layerwatch.engine.readers import open_dump
+reader = open_dump(sys.argv[2], side="golden")
+start = time.perf_counter()
+if sys.argv[1] == "columns":
+    n = reader.open_columns().tensors
+else:
+    n = len(reader.poll(None, final=True).tensors)
+seconds = time.perf_counter() - start
+with open("/proc/self/status") as fh:
+    hwm = next(line for line in fh if line.startswith("VmHWM")).split()[1]
+print(n, seconds, hwm)
+"""
+"""Opens one dump in a fresh process: ``columns`` (``LayerwatchReader.open_columns``, what
+``compare`` does now) or ``records`` (one ``poll``: a record a tensor, as before); prints the
+tensors, seconds and peak RSS (kB)."""
+
+
+def open_figures(golden: Path, how: str) -> tuple[int, float, int]:
+    """(tensors, seconds, peak RSS bytes) of opening ``golden`` in a fresh process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _OPEN, how, str(golden)], env=env, capture_output=True, text=True
+    )
+    if out.returncode:
+        raise RuntimeError(out.stderr.strip()[-2000:])
+    n, seconds, hwm = out.stdout.split()
+    return int(n), float(seconds), int(hwm) * 1024
+
+
+def golden_only(work: Path, tensors_total: int, tensors: int, stats: bool) -> Path:
+    """A golden dump alone of about ``tensors_total`` tensors (cached): what opening needs."""
+    tokens = max(1, round(tensors_total / (2 * len(nodes_for(tensors)))))
+    base = work / f"open-t{tokens}x{tensors}{'s' if stats else ''}"
+    done = base / "tensors"
+    if not done.is_file():
+        shutil.rmtree(base, ignore_errors=True)
+        n = write_dump(base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1, stats=stats)
+        done.write_text(str(n))
+    return base / "golden"
+
+
+def open_table(work: Path, sizes: list[int], tensors: int, records_max: int, stats: bool) -> None:
+    """``--open-only``: open time and peak RSS, columns against records, in the same run (the
+    records way only up to ``records_max`` tensors: ~9 µs and ~0.7 KB a tensor)."""
+    print("tensors      columns s  RSS MB   records s  RSS MB   ×", flush=True)
+    for size in sizes:
+        golden = golden_only(work, size, tensors, stats)
+        n, seconds, rss = open_figures(golden, "columns")
+        line = f"{n:>11,}  {seconds:8.2f}  {rss / 2**20:6.0f}"
+        if size <= records_max:
+            _, old_s, old_rss = open_figures(golden, "records")
+            line += f"  {old_s:9.2f}  {old_rss / 2**20:6.0f}  {old_s / seconds:5.1f}"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, nargs="*", default=[100_000, 1_000_000])
@@ -218,18 +305,40 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=2000, help="tensors a token")
     parser.add_argument("--suffix", default=".csv", help="report format: .csv .json .jsonl")
     parser.add_argument("--open", action="store_true", help="time opening the golden index")
+    parser.add_argument(
+        "--open-only",
+        type=int,
+        nargs="*",
+        metavar="TENSORS",
+        help="only time opening golden dumps of these many tensors (columns vs records)",
+    )
+    parser.add_argument(
+        "--records-max", type=int, default=4_000_000, help="--open-only: records way up to this"
+    )
+    parser.add_argument(
+        "--byte-chunks",
+        action="store_true",
+        help="also compare with the windows of before the column index (same-run ratio)",
+    )
+    parser.add_argument("--stats", action="store_true", help="statistics on every tensor line")
     parser.add_argument("--work", type=Path, default=Path("/tmp/layerwatch-bench-scale"))
     args = parser.parse_args()
+    if args.open_only:
+        args.work.mkdir(parents=True, exist_ok=True)
+        open_table(args.work, args.open_only, args.tensors, args.records_max, args.stats)
+        return
     sizes = list(args.pairs) + ([4_000_000] if args.big else [])
     args.work.mkdir(parents=True, exist_ok=True)
     print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair")
     for pairs in sizes:
-        f = measure(args.work, pairs, args.tensors, args.suffix)
-        print(
-            f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
-            f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  {f['bytes_per_pair']:8.0f}",
-            flush=True,
-        )
+        for byte_chunks in (False, True) if args.byte_chunks else (False,):
+            f = measure(args.work, pairs, args.tensors, args.suffix, byte_chunks)
+            print(
+                f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
+                f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
+                f"{f['bytes_per_pair']:8.0f}" + ("  (byte-chunk windows)" if byte_chunks else ""),
+                flush=True,
+            )
         if args.open:
             tokens = max(1, round(pairs / (2 * len(nodes_for(min(args.tensors, pairs))))))
             golden, _, _ = make_pair(args.work, tokens, min(args.tensors, pairs))

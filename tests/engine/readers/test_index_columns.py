@@ -146,3 +146,18 @@ def test_only_nodes_builds_the_matching_records(hand_dump: HandDump) -> None:
     assert [(r.key.token, r.key.node) for r in built] == [
         (0, "root.layers.1.mlp"), (1, "root.layers.1.mlp")
     ]  # fmt: skip
+
+
+def test_a_hash_collision_is_caught_and_the_bytes_decide(
+    hand_dump: HandDump, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for token in range(3):
+        for node in ("root.a", "root.b", "root.ab"):
+            hand_dump.append(_line(token, node, "output"))
+            hand_dump.append(_line(token, node, "input_0"))
+    monkeypatch.setattr(index_columns, "_MIX", (np.uint64(0), index_columns._MIX[1]))
+    table = NameTable()
+    cols = scan_file(hand_dump.dir / lwf.INDEX, table)  # the first hash is 0 for every row
+    got = [(table.names[n], table.names[s]) for n, s in zip(cols.node, cols.stem, strict=True)]
+    assert got == [(n, s) for _ in range(3) for n in ("root.a", "root.b", "root.ab")
+                   for s in ("output", "input_0")]  # fmt: skip
