@@ -137,6 +137,56 @@ def write_dump(
     return count
 
 
+def write_index_only(rank_dir: Path, tokens: int, tensors: int) -> int:
+    """An index alone (no data files) of ``tokens`` × ~``tensors`` tensor lines with
+    statistics, formatted by the capture writer's own functions (``capture/index_lines.py``:
+    its key order, not ``IndexTensor.to_json``'s), plus topology and manifest: what opening
+    reads, written fast enough for 10 M lines on a machine without torch."""
+    from layerwatch.capture import format as lwf
+    from layerwatch.capture.index_lines import head_text, stats_text
+
+    nodes = nodes_for(tensors)
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    topo = [{"name": "root", "type": "LlamaForCausalLM", "parent": None, "order": -1}]
+    topo += [{"name": n, "type": k, "parent": "root", "order": i} for i, (n, k) in enumerate(nodes)]
+    lwf.write_json_atomic(
+        rank_dir / lwf.TOPOLOGY,
+        {"format": "layerwatch-topology", "version": 1, "root": "root", "nodes": topo},
+    )
+    lwf.write_json_atomic(
+        rank_dir / lwf.MANIFEST,
+        {"format": lwf.FORMAT_NAME, "version": lwf.FORMAT_VERSION, "status": "complete"},
+    )
+    heads = [head_text(n, stem, k) for n, k in nodes for stem in ("input_0", "output")]
+    orders = [i for i in range(len(nodes)) for _ in range(2)]
+    rng = np.random.default_rng(1234)
+    size = ELEMENTS * 4
+    with open(rank_dir / lwf.INDEX, "w", encoding="utf-8") as index:
+        for token in range(tokens):
+            v = rng.standard_normal((len(heads), ELEMENTS)).astype(np.float64)
+            cols = zip(
+                v.max(1).tolist(),
+                v.min(1).tolist(),
+                v.mean(1).tolist(),
+                np.sqrt((v * v).sum(1)).tolist(),
+                strict=True,
+            )
+            file = lwf.data_file_name(token)
+            lines = [lwf.encode_line({"k": lwf.K_TOKEN, "token": token, "input_ids": [token]})]
+            for i, (head, order, (mx, mn, mean, norm)) in enumerate(
+                zip(heads, orders, cols, strict=True)
+            ):
+                begin = 8 + i * size
+                lines.append(
+                    f'{{"k":"t","token":{token},{head},"order":{order},"dtype":"float32",'
+                    f'"shape":[{ELEMENTS}],"file":"{file}","begin":{begin},"end":{begin + size},'
+                    f'"stats":{stats_text((mx, mn, mean, norm, 0, 0))}}}\n'
+                )
+            index.write("".join(lines))
+        index.write(lwf.encode_line({"k": lwf.K_END, "status": "complete", "tokens": tokens}))
+    return tokens * len(heads)
+
+
 def _stats(values: np.ndarray) -> dict[str, float]:
     v = values.astype(np.float64)
     return {
@@ -272,24 +322,39 @@ def open_figures(golden: Path, how: str) -> tuple[int, float, int]:
     return int(n), float(seconds), int(hwm) * 1024
 
 
-def golden_only(work: Path, tensors_total: int, tensors: int, stats: bool) -> Path:
-    """A golden dump alone of about ``tensors_total`` tensors (cached): what opening needs."""
+def golden_only(
+    work: Path, tensors_total: int, tensors: int, stats: bool, index_only: bool = False
+) -> Path:
+    """A golden dump alone of about ``tensors_total`` tensors (cached): what opening needs;
+    ``index_only``: without data files (``write_index_only``)."""
     tokens = max(1, round(tensors_total / (2 * len(nodes_for(tensors)))))
-    base = work / f"open-t{tokens}x{tensors}{'s' if stats else ''}"
+    kind = "i" if index_only else "s" if stats else ""
+    base = work / f"open-t{tokens}x{tensors}{kind}"
     done = base / "tensors"
     if not done.is_file():
         shutil.rmtree(base, ignore_errors=True)
-        n = write_dump(base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1, stats=stats)
+        rank = base / "golden" / "cpu_1"
+        if index_only:
+            n = write_index_only(rank, tokens, tensors)
+        else:
+            n = write_dump(rank, tokens, tensors, noise=0.0, seed=1, stats=stats)
         done.write_text(str(n))
     return base / "golden"
 
 
-def open_table(work: Path, sizes: list[int], tensors: int, records_max: int, stats: bool) -> None:
+def open_table(
+    work: Path,
+    sizes: list[int],
+    tensors: int,
+    records_max: int,
+    stats: bool,
+    index_only: bool = False,
+) -> None:
     """``--open-only``: open time and peak RSS, columns against records, in the same run (the
     records way only up to ``records_max`` tensors: ~9 µs and ~0.7 KB a tensor)."""
     print("tensors      columns s  RSS MB   records s  RSS MB   ×", flush=True)
     for size in sizes:
-        golden = golden_only(work, size, tensors, stats)
+        golden = golden_only(work, size, tensors, stats, index_only)
         n, seconds, rss = open_figures(golden, "columns")
         line = f"{n:>11,}  {seconds:8.2f}  {rss / 2**20:6.0f}"
         if size <= records_max:
@@ -320,12 +385,19 @@ def main() -> None:
         action="store_true",
         help="also compare with the windows of before the column index (same-run ratio)",
     )
+    parser.add_argument(
+        "--index-only",
+        action="store_true",
+        help="--open-only: write the index alone, with statistics (no torch, no data files)",
+    )
     parser.add_argument("--stats", action="store_true", help="statistics on every tensor line")
     parser.add_argument("--work", type=Path, default=Path("/tmp/layerwatch-bench-scale"))
     args = parser.parse_args()
     if args.open_only:
         args.work.mkdir(parents=True, exist_ok=True)
-        open_table(args.work, args.open_only, args.tensors, args.records_max, args.stats)
+        open_table(
+            args.work, args.open_only, args.tensors, args.records_max, args.stats, args.index_only
+        )
         return
     sizes = list(args.pairs) + ([4_000_000] if args.big else [])
     args.work.mkdir(parents=True, exist_ok=True)
