@@ -97,10 +97,13 @@ class LayerwatchReader(DirectoryReader):
         self._names: dict[str, str] = {}
         self._dtypes: dict[str, str] = {}
         self._shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._opened: IndexTable | None = None
+        """The column table ``scan_index`` opened, until ``open_columns`` takes it."""
 
     # --- polling -------------------------------------------------------------------------
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
+        self._opened = None  # records come from here now: no column table is kept
         if self._gone(update):
             update.complete = self._complete
             return update
@@ -143,22 +146,11 @@ class LayerwatchReader(DirectoryReader):
                 del state.seen[old]
 
     def scan_index(self) -> IndexScan:
-        """Count what the indexes hold without parsing them (a few MB at a time): how big a
-        compare will be, and whether it needs every record at once (cases, dropped files)."""
-        scan = IndexScan()
-        for state in self._discover():
-            try:
-                with open(state.path / lwf.INDEX, "rb") as fh:
-                    rest = b""
-                    while chunk := fh.read(4 << 20):
-                        chunk = rest + chunk
-                        cut = chunk.rfind(b"\n") + 1
-                        chunk, rest = chunk[:cut], chunk[cut:]
-                        scan.add(chunk)
-                    scan.add(rest)
-            except OSError:
-                continue
-        return scan
+        """Count what the indexes hold: how big a compare will be, and whether it needs every
+        record at once (cases, dropped files). Opens the column table to count (as fast as
+        counting the bytes) and keeps it for the next :meth:`open_columns`."""
+        self._opened = self.open_columns()
+        return self._opened.scan
 
     def open_columns(self) -> IndexTable:
         """Every rank's finished index as columns (``index_columns.py``): token, node and stem
@@ -166,6 +158,9 @@ class LayerwatchReader(DirectoryReader):
         (token ids, weights, cases, drops, end, errors) decoded now, in index order. Records
         are built later, a window of tokens at a time (:meth:`IndexTable.records`). The poll
         cursor does not move: this is for finished dumps, ``poll`` for growing ones."""
+        if self._opened is not None:  # opened by scan_index
+            table, self._opened = self._opened, None
+            return table
         table = IndexTable(self, NameTable())
         for state in self._discover():
             topo = ReaderUpdate()
@@ -181,7 +176,9 @@ class LayerwatchReader(DirectoryReader):
                 table.head.notes.append(f"{index}: cannot read: {exc.strerror}")
                 continue
             side = _Rank(state.path, state.rank, files=state.files)
+            table.scan.tensors += len(cols)
             for offset, line in cols.extra:
+                table.scan.add(line)
                 if line.startswith(b'{"k":"drop"'):
                     with contextlib.suppress(ValueError, AttributeError):
                         gone = os.path.join(state.path, str(json.loads(line).get("file", "")))
@@ -421,6 +418,8 @@ class IndexTable:
     ranks: list[tuple[_Rank, IndexColumns]] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
     """Data file path → index offset of the ``drop`` line that deleted it."""
+    scan: IndexScan = field(default_factory=IndexScan)
+    """Line counts by kind (``LayerwatchReader.scan_index``)."""
     _sorted: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     @property
