@@ -311,31 +311,32 @@ _OPEN = """
 import sys, time
 from layerwatch.engine.readers import open_dump
 reader = open_dump(sys.argv[2], side="golden")
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 if sys.argv[1] == "columns":
     n = reader.open_columns().tensors
 else:
     n = len(reader.poll(None, final=True).tensors)
-seconds = time.perf_counter() - start
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 with open("/proc/self/status") as fh:
     hwm = next(line for line in fh if line.startswith("VmHWM")).split()[1]
-print(n, seconds, hwm)
+print(n, seconds, cpu, hwm)
 """
 """Opens one dump in a fresh process: ``columns`` (``LayerwatchReader.open_columns``, what
 ``compare`` does now) or ``records`` (one ``poll``: a record a tensor, as before); prints the
-tensors, seconds and peak RSS (kB)."""
+tensors, seconds, CPU seconds (all threads) and peak RSS (kB)."""
 
 
-def open_figures(golden: Path, how: str) -> tuple[int, float, int]:
-    """(tensors, seconds, peak RSS bytes) of opening ``golden`` in a fresh process."""
+def open_figures(golden: Path, how: str) -> tuple[int, float, float, int]:
+    """(tensors, seconds, CPU seconds, peak RSS bytes) of opening ``golden`` in a fresh
+    process: on a shared box the CPU seconds are the steadier figure."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, "-c", _OPEN, how, str(golden)], env=env, capture_output=True, text=True
     )
     if out.returncode:
         raise RuntimeError(out.stderr.strip()[-2000:])
-    n, seconds, hwm = out.stdout.split()
-    return int(n), float(seconds), int(hwm) * 1024
+    n, seconds, cpu, hwm = out.stdout.split()
+    return int(n), float(seconds), float(cpu), int(hwm) * 1024
 
 
 def golden_only(
@@ -368,14 +369,14 @@ def open_table(
 ) -> None:
     """``--open-only``: open time and peak RSS, columns against records, in the same run (the
     records way only up to ``records_max`` tensors: ~9 µs and ~0.7 KB a tensor)."""
-    print("tensors      columns s  RSS MB   records s  RSS MB   ×", flush=True)
+    print("tensors      columns s  CPU s  RSS MB   records s  CPU s  RSS MB   × (CPU)", flush=True)
     for size in sizes:
         golden = golden_only(work, size, tensors, stats, index_only)
-        n, seconds, rss = open_figures(golden, "columns")
-        line = f"{n:>11,}  {seconds:8.2f}  {rss / 2**20:6.0f}"
+        n, seconds, cpu, rss = open_figures(golden, "columns")
+        line = f"{n:>11,}  {seconds:8.2f}  {cpu:5.2f}  {rss / 2**20:6.0f}"
         if size <= records_max:
-            _, old_s, old_rss = open_figures(golden, "records")
-            line += f"  {old_s:9.2f}  {old_rss / 2**20:6.0f}  {old_s / seconds:5.1f}"
+            _, old_s, old_cpu, old_rss = open_figures(golden, "records")
+            line += f"  {old_s:9.2f}  {old_cpu:5.1f}  {old_rss / 2**20:6.0f}  {old_cpu / cpu:5.1f}"
         print(line, flush=True)
 
 
