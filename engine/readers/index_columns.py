@@ -49,9 +49,16 @@ class NameTable:
 
     names: list[str] = field(default_factory=list)
     ids: dict[str, int] = field(default_factory=dict)
-    pairs: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-    """First hash of a ``node","stem":"stem`` span → (second hash, node id, stem id): the
-    same pairs come back at every token, so each is decoded once."""
+    known: tuple[np.ndarray, np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (
+            np.zeros(0, np.uint64),
+            np.zeros(0, np.uint64),
+            np.zeros((0, 2), np.int32),
+        )
+    )
+    """(first hash sorted, second hash, (node id, stem id)) of every ``node","stem":"stem``
+    span decoded so far: the same pairs come back at every token, so each is decoded once
+    and later blocks find theirs with one ``searchsorted``."""
 
     def id(self, name: str) -> int:
         found = self.ids.get(name)
@@ -176,7 +183,7 @@ class _Scanned:
     """Per distinct (node, stem): a row that has it."""
     inverse: np.ndarray
     """Per tensor row: its distinct pair."""
-    hashes: tuple[list[int], list[int]] | None
+    hashes: tuple[np.ndarray, np.ndarray] | None
     """Per distinct pair: its two hashes (None after a collision)."""
 
 
@@ -218,32 +225,35 @@ def _name_rows(
     """Columns (token, node, stem, offset, length) of one scanned block at byte ``base``;
     its other lines are appended to ``extra``."""
     a = got.block
-    first = got.first.tolist()
-    h1, h2 = got.hashes or ([None] * len(first), [None] * len(first))
-    node_s, node_len, stem_e = (got.node_s[first].tolist(), got.node_len[first].tolist(),
-                                got.stem_e[first].tolist())  # fmt: skip
-    nodes: list[int] = []
-    stems: list[int] = []
-    known = table.pairs
-    for i in range(len(first)):
-        hit = known.get(h1[i]) if h1[i] is not None else None
-        if hit is not None and hit[0] == h2[i]:
-            nodes.append(hit[1])
-            stems.append(hit[2])
-            continue
-        s, n, e = node_s[i], node_len[i], stem_e[i]
+    ids = np.zeros((len(got.first), 2), np.int32)
+    todo = np.arange(len(got.first))
+    if got.hashes is not None and len(table.known[0]):
+        k1, k2, kids = table.known
+        h1, h2 = got.hashes
+        at = np.minimum(np.searchsorted(k1, h1), len(k1) - 1)
+        hit = (k1[at] == h1) & (k2[at] == h2)
+        ids[hit] = kids[at[hit]]
+        todo = np.flatnonzero(~hit)
+    new: list[int] = []
+    for i in todo.tolist():  # pairs not seen before: decode their bytes
+        row = int(got.first[i])
+        s, n, e = int(got.node_s[row]), int(got.node_len[row]), int(got.stem_e[row])
         text = a[s:e].tobytes()
-        node = table.id(text[:n].decode("utf-8", "surrogateescape"))
-        stem = table.id(text[n + len(STEM) :].decode("utf-8", "surrogateescape"))
-        if h1[i] is not None and hit is None:
-            known[h1[i]] = (h2[i], node, stem)
-        nodes.append(node)
-        stems.append(stem)
+        ids[i, 0] = table.id(text[:n].decode("utf-8", "surrogateescape"))
+        ids[i, 1] = table.id(text[n + len(STEM) :].decode("utf-8", "surrogateescape"))
+        new.append(i)
+    if new and got.hashes is not None:
+        k1 = np.concatenate([table.known[0], got.hashes[0][new]])
+        k2 = np.concatenate([table.known[1], got.hashes[1][new]])
+        kids = np.concatenate([table.known[2], ids[new]])
+        order = np.argsort(k1, kind="stable")
+        table.known = (k1[order], k2[order], kids[order])
+    nodes, stems = ids[:, 0], ids[:, 1]
     rows = np.flatnonzero(got.ok)
     cols = [
         got.token,
-        np.array(nodes, np.int32)[got.inverse],
-        np.array(stems, np.int32)[got.inverse],
+        nodes[got.inverse],
+        stems[got.inverse],
         got.starts[rows] + base,
         (got.ends - got.starts)[rows],
     ]
@@ -333,14 +343,14 @@ _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
 
 def _distinct(
     a: np.ndarray, w: np.ndarray, start: np.ndarray, end: np.ndarray, node_len: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, tuple[list[int], list[int]] | None]:
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """(first, inverse) of the rows' ``node","stem":"stem`` bytes ``a[start:end]``, like
     ``np.unique``'s: a 128-bit hash a row (two 64-bit ones over its words, read backwards from
     the end so a short first word overlaps only the constant ``"node":"`` before it). Rows
     that share the first hash but not the second would be a collision: then the bytes
     themselves are sorted instead."""
     if not len(start):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), ([], [])
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), None
     span = end - start
     words = (span + 7) >> 3
     h1 = span.astype(np.uint64) * _MIX[0] + node_len.astype(np.uint64)
@@ -355,7 +365,7 @@ def _distinct(
     _, first, inverse = np.unique(h1, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     if bool((h2 == h2[first][inverse]).all()):
-        return first, inverse, (h1[first].tolist(), h2[first].tolist())
+        return first, inverse, (h1[first], h2[first])
     width = int(span.max())
     grid = a[start[:, None] + np.arange(width)]
     grid[np.arange(width) >= span[:, None]] = 0
