@@ -98,10 +98,31 @@ class IndexColumns:
             return None
         return np.argsort(self.token, kind="stable")
 
+    def token_spans(self) -> TokenSpans | None:
+        """Per token, the byte range of its lines, when the index is in token order (else
+        None): all a windowed compare needs to keep of an index it reads whole tokens of."""
+        if self.rows_in_token_order() is not None:
+            return None
+        tok = self.token
+        cut = np.flatnonzero(tok[1:] != tok[:-1]) + 1
+        first = np.concatenate([[0], cut]).astype(np.int64)
+        last = np.concatenate([cut, [len(tok)]]).astype(np.int64) - 1
+        if not len(tok):
+            first = last = np.zeros(0, np.int64)
+        return TokenSpans(
+            tok[first].astype(np.int64),
+            self.offset[first],
+            self.offset[last] + self.length[last],
+            last - first + 1,
+        )
+
     def keep_nodes(self, pattern: str, table: NameTable) -> IndexColumns:
         """``--nodes GLOB`` on the columns: rows of other nodes are never built."""
         match = np.array([fnmatchcase(n, pattern) for n in table.names] or [False])
-        keep = match[self.node] if len(self.node) else np.zeros(0, bool)
+        return self.keep_rows(match[self.node] if len(self.node) else np.zeros(0, bool))
+
+    def keep_rows(self, keep: np.ndarray) -> IndexColumns:
+        """These rows only (a mask or row numbers)."""
         return IndexColumns(
             self.token[keep],
             self.node[keep],
@@ -112,6 +133,32 @@ class IndexColumns:
             self.size,
             self.torn,
         )
+
+
+@dataclass
+class TokenSpans:
+    """An index in token order kept per token, not per tensor: each token's tensor lines lie
+    in ``[begin, end)`` of the file (with the token's other lines between them)."""
+
+    token: np.ndarray
+    begin: np.ndarray
+    end: np.ndarray
+    count: np.ndarray
+    """Tensor lines of the token."""
+
+
+def tensor_lines(data: bytes, base: int) -> tuple[list[bytes], list[int]]:
+    """The lines of ``data`` (at byte ``base`` of the index) that may be tensor lines, and
+    their offsets: what a token span holds besides token ids and other kinds."""
+    lines: list[bytes] = []
+    offsets: list[int] = []
+    at = base
+    for line in data.split(b"\n"):
+        if line.startswith(b'{"k":"t"') or (b'"k":"t"' in line and b'"k":"token"' not in line):
+            lines.append(line)
+            offsets.append(at)
+        at += len(line) + 1
+    return lines, offsets
 
 
 def scan_file(

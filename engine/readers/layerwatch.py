@@ -26,7 +26,14 @@ from layerwatch.engine.readers.base import (
     scandir,
     stats_from,
 )
-from layerwatch.engine.readers.index_columns import IndexColumns, NameTable, iter_lines, scan_file
+from layerwatch.engine.readers.index_columns import (
+    IndexColumns,
+    NameTable,
+    TokenSpans,
+    iter_lines,
+    scan_file,
+    tensor_lines,
+)
 from layerwatch.engine.readers.load import canonical_dtype
 from layerwatch.engine.records import Locator, ParamPrint, TensorKey, TensorRecord, Topology
 
@@ -420,22 +427,63 @@ class IndexTable:
     """Data file path → index offset of the ``drop`` line that deleted it."""
     scan: IndexScan = field(default_factory=IndexScan)
     """Line counts by kind (``LayerwatchReader.scan_index``)."""
+    spans: list[TokenSpans | None] = field(default_factory=list)
+    """Per rank, after :meth:`compact`: its tokens' byte ranges (its columns dropped)."""
     _sorted: list[tuple[np.ndarray | None, np.ndarray]] | None = None
+    _filtered: bool = False
 
     @property
     def tensors(self) -> int:
-        return sum(len(cols) for _, cols in self.ranks)
+        return sum(
+            len(cols) if sp is None else int(sp.count.sum())
+            for (_, cols), sp in zip(self.ranks, self._spans(), strict=True)
+        )
+
+    def _spans(self) -> list[TokenSpans | None]:
+        return self.spans or [None] * len(self.ranks)
 
     def tokens(self) -> np.ndarray:
-        """Every tensor line's token (all ranks)."""
+        """Every tensor line's token (all ranks; before :meth:`compact`)."""
         parts = [cols.token for _, cols in self.ranks]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def token_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens ascending, tensor lines of each), all ranks together."""
+        values, counts = [], []
+        for (_, cols), sp in zip(self.ranks, self._spans(), strict=True):
+            if sp is None:
+                v, c = np.unique(cols.token, return_counts=True)
+            else:
+                v, c = sp.token, sp.count
+            values.append(v.astype(np.int64))
+            counts.append(c.astype(np.int64))
+        if not values:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        allv = np.concatenate(values)
+        tokens, inverse = np.unique(allv, return_inverse=True)
+        return tokens, np.bincount(inverse.reshape(-1), np.concatenate(counts)).astype(np.int64)
+
+    def compact(self) -> IndexTable:
+        """Keep a rank in token order as its tokens' byte ranges instead of a row a tensor
+        (a windowed compare reads whole tokens; ~0 bytes a tensor while it runs)."""
+        if self.spans or self._filtered:
+            return self
+        self.spans = [cols.token_spans() for _, cols in self.ranks]
+        self.ranks = [
+            (state, cols if sp is None else cols.keep_rows(np.zeros(0, np.int64)))
+            for (state, cols), sp in zip(self.ranks, self.spans, strict=True)
+        ]
+        self._sorted = None
+        return self
 
     def only_nodes(self, pattern: str) -> IndexTable:
         """``--nodes GLOB``: keep the tensor lines of matching nodes (their records are the
         only ones ever built)."""
+        if self.spans:
+            raise ValueError("only_nodes after compact: the rows are gone")
         self.ranks = [(s, cols.keep_nodes(pattern, self.names)) for s, cols in self.ranks]
         self._sorted = None
+        self._filtered = True  # a token's lines are no longer all its rows: never compact
         return self
 
     def records(self, low: int, high: int) -> tuple[list[TensorRecord], list[str]]:
@@ -448,7 +496,12 @@ class IndexTable:
                 order = cols.rows_in_token_order()
                 self._sorted.append((order, cols.token if order is None else cols.token[order]))
         update = ReaderUpdate()
-        for (state, cols), (order, tokens) in zip(self.ranks, self._sorted, strict=True):
+        for (state, cols), (order, tokens), sp in zip(
+            self.ranks, self._sorted, self._spans(), strict=True
+        ):
+            if sp is not None:
+                self._span_records(state, sp, low, high, update)
+                continue
             lo = int(np.searchsorted(tokens, low, "left"))
             hi = int(np.searchsorted(tokens, high, "right"))
             if lo == hi:
@@ -464,6 +517,21 @@ class IndexTable:
                 if record.loc is not None and record.loc.path in self.dropped:
                     record.loc = None  # statistics-first capture deleted its data file
         return update.tensors, update.notes
+
+    def _span_records(
+        self, state: _Rank, sp: TokenSpans, low: int, high: int, update: ReaderUpdate
+    ) -> None:
+        i = int(np.searchsorted(sp.token, low, "left"))
+        j = int(np.searchsorted(sp.token, high, "right"))
+        if i == j:
+            return
+        begin, end = int(sp.begin[i]), int(sp.end[j - 1])
+        with open(state.path / lwf.INDEX, "rb") as fh:
+            fh.seek(begin)
+            data = fh.read(end - begin)
+        lines, at = tensor_lines(data, begin)
+        side = _Rank(state.path, state.rank, files=state.files)
+        self.reader._decode(side, lines, update, lambda k, at=at: f"at byte {at[k]}")
 
 
 def parse_topology(obj: dict) -> Topology:

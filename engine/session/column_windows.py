@@ -4,7 +4,9 @@ The byte-chunk windows of ``windowed.py`` build a record for every index line as
 here both indexes are first opened as columns (token, node, stem, line offset: seconds for
 millions of tensors), the windows are cut from the golden side's tensors a token, and a
 window's records are built only when it is compared — so opening costs no records, ``--nodes``
-builds only the matching ones, and an index out of token order needs no "late" tensors.
+builds only the matching ones, and an index out of token order needs no "late" tensors. While
+the windows run, an index in token order is kept as each token's byte range (``compact``), not
+as a row a tensor.
 Every window gets what the whole-run session would know up front: the topology, the weights
 and every token's input ids (a divergence is known from the first window on).
 """
@@ -23,7 +25,9 @@ SIDES = ("golden", "target")
 class ColumnTable(Protocol):
     head: ReaderUpdate
 
-    def tokens(self) -> np.ndarray: ...
+    def compact(self) -> ColumnTable: ...
+
+    def token_counts(self) -> tuple[np.ndarray, np.ndarray]: ...
 
     def records(self, low: int, high: int) -> tuple[list[Any], list[str]]: ...
 
@@ -40,13 +44,16 @@ def open_tables(readers: Mapping[str, Any]) -> dict[str, ColumnTable] | None:
     return tables
 
 
-def token_windows(golden: np.ndarray, target: np.ndarray, window: int) -> list[tuple[int, int]]:
-    """(first, last) token of each window: whole tokens, at least ``window`` golden tensors
-    each (the last window takes what is left); tokens only the target has are included."""
-    tokens = np.union1d(golden, target)
+def token_windows(
+    golden: tuple[np.ndarray, np.ndarray], target: np.ndarray, window: int
+) -> list[tuple[int, int]]:
+    """(first, last) token of each window from the golden side's (tokens, tensors of each):
+    whole tokens, at least ``window`` golden tensors each (the last window takes what is
+    left); ``target``'s tokens that the golden lacks are included."""
+    have, count = golden
+    tokens = np.union1d(have, target)
     if not len(tokens):
         return []
-    have, count = np.unique(golden, return_counts=True)
     per = np.zeros(len(tokens), np.int64)
     per[np.searchsorted(tokens, have)] = count
     total = np.cumsum(per)
@@ -66,7 +73,11 @@ def column_windows(
 ) -> Iterator[dict[str, ReaderUpdate]]:
     """Per window and side, one ReaderUpdate with that window's records; the first also
     carries the opening's notes."""
-    spans = token_windows(tables["golden"].tokens(), tables["target"].tokens(), window)
+    for table in tables.values():
+        table.compact()  # whole tokens are read: their byte ranges are all that is kept
+    spans = token_windows(
+        tables["golden"].token_counts(), tables["target"].token_counts()[0], window
+    )
     notes = {side: list(tables[side].head.notes) for side in SIDES}
     for low, high in spans:
         out = {}

@@ -50,6 +50,14 @@ def _same_as_poll(run: Path) -> None:
     assert table.head.case_marks == polled.case_marks
     key = [n.split(" (")[0] for n in polled.notes]  # where a line is differs: line vs byte
     assert sorted(n.split(" (")[0] for n in table.head.notes + notes) == sorted(key)
+    spans = open_dump(run).open_columns().compact()  # kept as each token's byte range
+    in_order = [bool(np.all(np.diff(cols.token) >= 0)) for _, cols in table.ranks]
+    assert [sp is not None for sp in spans.spans] == in_order  # out of order: rows stay
+    assert all(len(cols) == 0 for (_, cols), o in zip(spans.ranks, in_order, strict=True) if o)
+    assert spans.tensors == table.tensors
+    tokens, _ = spans.token_counts()
+    again, more = spans.records(int(tokens.min()), int(tokens.max())) if len(tokens) else ([], [])
+    assert repr(again) == repr(built) and set(notes) <= set(more) <= set(notes + table.head.notes)
 
 
 def test_columns_hold_what_poll_reads(hand_dump: HandDump) -> None:
