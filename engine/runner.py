@@ -205,7 +205,8 @@ def _compare_windowed(
     output = getattr(args, "output", None)
     as_json = bool(getattr(args, "json", False))
     stream = ReportStream(output, sys.stdout if as_json else None)
-    chunks = {side: _Filtered(reader, keep) for side, reader in readers.items()}
+    nodes = getattr(args, "nodes", None)
+    chunks = {side: _Filtered(reader, keep, nodes) for side, reader in readers.items()}
     run = WindowedRun(spill)
     try:
         run = compare_windows(
@@ -254,9 +255,21 @@ def _compare_windowed(
 class _Filtered:
     """A chunk reader whose updates pass through ``keep`` (``--nodes``)."""
 
-    def __init__(self, reader: Any, keep: Callable[[ReaderUpdate], ReaderUpdate]) -> None:
+    def __init__(
+        self, reader: Any, keep: Callable[[ReaderUpdate], ReaderUpdate], nodes: str | None = None
+    ) -> None:
         self.reader = reader
         self.keep = keep
+        self.nodes = nodes
+
+    def open_columns(self) -> Any:
+        """The reader's column table (engine/session/column_windows.py), ``--nodes`` applied
+        before any record is built; None when the reader has none."""
+        opener = getattr(self.reader, "open_columns", None)
+        if opener is None:
+            return None
+        table = opener()
+        return table.only_nodes(self.nodes) if self.nodes else table
 
     def poll_chunk(self, limit: int) -> ReaderUpdate | None:
         update = self.reader.poll_chunk(limit)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from layerwatch.engine.readers.base import ReaderUpdate
 from layerwatch.engine.records import PairResult, Verdict
 from layerwatch.engine.seam import BlockInfo, Divergence, Finding, Summary
+from layerwatch.engine.session.column_windows import column_windows, open_tables
 from layerwatch.engine.session.core import CompareSession
 from layerwatch.engine.session.store import ResultStore
 
@@ -245,8 +246,14 @@ def compare_windows(
     run = run if run is not None else WindowedRun()
     first: CompareSession | None = None
     done = 0
+    tables = open_tables(readers)  # finished layerwatch dumps: records built a window at a time
+    source = (
+        column_windows(tables, window or WINDOW_TENSORS)
+        if tables is not None
+        else windows(readers, window)
+    )
     try:
-        for updates in windows(readers, window):
+        for updates in source:
             session = make_session()
             if first is None:
                 first = session

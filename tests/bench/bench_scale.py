@@ -11,7 +11,13 @@ pairs/s, that process's peak RSS (``wait4``), and bytes a pair of RAM above star
 minus the peak of the same command on a one-token dump, over the pairs). ``--big`` adds 4 M
 pairs. ``--open`` also times opening the index alone (``open_dump(...).poll``). ``--spill``
 runs each size twice in turn, the result store in RAM and spilled to disk
-(``LAYERWATCH_SPILL=never|always``, engine/session/budget.py), and prints the ratio of both.
+(``LAYERWATCH_SPILL=never|always``, engine/session/budget.py), and prints the ratio of both;
+``--byte-chunks`` also runs each compare the way it read windows before the column index.
+
+    python tests/bench/bench_scale.py --open-only 1000000 10000000 [--stats]
+
+times opening golden dumps alone, in fresh processes: ``open_columns`` (what ``compare`` does)
+against one ``poll`` that builds a record a tensor (up to ``--records-max``), with peak RSS.
 CI runs :func:`measure` at ~100 k pairs (tests/engine/session/test_scale.py) and asserts
 bytes a pair only — seconds are too noisy on shared runners.
 """
@@ -60,11 +66,13 @@ def write_dump(
     seed: int,
     faults: tuple[tuple[int, int], ...] = (),
     diverge_at: int | None = None,
+    stats: bool = False,
 ) -> int:
     """One rank directory of ``tokens`` × ~``tensors`` tensors; returns the tensors written.
 
     ``faults``: (token, node index) whose output is 10 % off from then on (a fault the session
-    must find); ``diverge_at``: this side was fed other input ids from that token on."""
+    must find); ``diverge_at``: this side was fed other input ids from that token on;
+    ``stats``: each tensor line carries its statistics, as a capture's do by default."""
     import torch
     from layerwatch.capture import format as lwf
     from layerwatch.capture.safetensors_file import write_batch_file
@@ -122,13 +130,75 @@ def write_dump(
                         at + size,
                         i,
                         kind,
-                        None,
+                        _stats(values[i, j]) if stats else None,
                     )
                     lines.append(lwf.encode_line(entry.to_json()))
             index.write("".join(lines))
             count += len(lines) - 1
         index.write(lwf.encode_line({"k": lwf.K_END, "status": "complete", "tokens": tokens}))
     return count
+
+
+def write_index_only(rank_dir: Path, tokens: int, tensors: int) -> int:
+    """An index alone (no data files) of ``tokens`` × ~``tensors`` tensor lines with
+    statistics, formatted by the capture writer's own functions (``capture/index_lines.py``:
+    its key order, not ``IndexTensor.to_json``'s), plus topology and manifest: what opening
+    reads, written fast enough for 10 M lines on a machine without torch."""
+    from layerwatch.capture import format as lwf
+    from layerwatch.capture.index_lines import head_text, stats_text
+
+    nodes = nodes_for(tensors)
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    topo = [{"name": "root", "type": "LlamaForCausalLM", "parent": None, "order": -1}]
+    topo += [{"name": n, "type": k, "parent": "root", "order": i} for i, (n, k) in enumerate(nodes)]
+    lwf.write_json_atomic(
+        rank_dir / lwf.TOPOLOGY,
+        {"format": "layerwatch-topology", "version": 1, "root": "root", "nodes": topo},
+    )
+    lwf.write_json_atomic(
+        rank_dir / lwf.MANIFEST,
+        {"format": lwf.FORMAT_NAME, "version": lwf.FORMAT_VERSION, "status": "complete"},
+    )
+    heads = [head_text(n, stem, k) for n, k in nodes for stem in ("input_0", "output")]
+    orders = [i for i in range(len(nodes)) for _ in range(2)]
+    rng = np.random.default_rng(1234)
+    size = ELEMENTS * 4
+    with open(rank_dir / lwf.INDEX, "w", encoding="utf-8") as index:
+        for token in range(tokens):
+            v = rng.standard_normal((len(heads), ELEMENTS)).astype(np.float64)
+            cols = zip(
+                v.max(1).tolist(),
+                v.min(1).tolist(),
+                v.mean(1).tolist(),
+                np.sqrt((v * v).sum(1)).tolist(),
+                strict=True,
+            )
+            file = lwf.data_file_name(token)
+            lines = [lwf.encode_line({"k": lwf.K_TOKEN, "token": token, "input_ids": [token]})]
+            for i, (head, order, (mx, mn, mean, norm)) in enumerate(
+                zip(heads, orders, cols, strict=True)
+            ):
+                begin = 8 + i * size
+                lines.append(
+                    f'{{"k":"t","token":{token},{head},"order":{order},"dtype":"float32",'
+                    f'"shape":[{ELEMENTS}],"file":"{file}","begin":{begin},"end":{begin + size},'
+                    f'"stats":{stats_text((mx, mn, mean, norm, 0, 0))}}}\n'
+                )
+            index.write("".join(lines))
+        index.write(lwf.encode_line({"k": lwf.K_END, "status": "complete", "tokens": tokens}))
+    return tokens * len(heads)
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    v = values.astype(np.float64)
+    return {
+        "max": float(v.max()),
+        "min": float(v.min()),
+        "mean": float(v.mean()),
+        "norm": float(np.sqrt((v * v).sum())),
+        "nan": 0,
+        "inf": 0,
+    }
 
 
 def make_pair(work: Path, tokens: int, tensors: int, noise: float = 1e-7) -> tuple[Path, Path, int]:
@@ -158,8 +228,27 @@ class Figures:
 
 
 _WRAPPER = """
-import sys
+import os, sys
 from layerwatch.tui.cli import main
+if os.environ.get("BENCH_BYTE_CHUNKS"):  # as before the column index: a record a line as read
+    from layerwatch.capture import format as lwf
+    from layerwatch.engine.readers.layerwatch import IndexScan, LayerwatchReader
+
+    def count_lines(self):  # the index counted by its bytes, as scan_index did
+        scan = IndexScan()
+        for state in self._discover():
+            with open(state.path / lwf.INDEX, "rb") as fh:
+                rest = b""
+                while chunk := fh.read(4 << 20):
+                    chunk = rest + chunk
+                    cut = chunk.rfind(b"\\n") + 1
+                    chunk, rest = chunk[:cut], chunk[cut:]
+                    scan.add(chunk)
+                scan.add(rest)
+        return scan
+
+    LayerwatchReader.scan_index = count_lines
+    del LayerwatchReader.open_columns
 try:
     rc = main(sys.argv[1:])
 finally:
@@ -173,12 +262,20 @@ the bench's own pages from before ``exec``."""
 
 
 def run_compare(
-    golden: Path, target: Path, report: Path, *extra: str, spill: str = "auto"
+    golden: Path,
+    target: Path,
+    report: Path,
+    *extra: str,
+    spill: str = "auto",
+    byte_chunks: bool = False,
 ) -> Figures:
-    """``layerwatch compare`` in a fresh process; its own peak RSS."""
+    """``layerwatch compare`` in a fresh process; its own peak RSS. ``byte_chunks``: windows
+    read the way they were before the column index (for same-run ratios)."""
     cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
     cmd += ["-o", str(report), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LAYERWATCH_SPILL": spill}
+    if byte_chunks:
+        env["BENCH_BYTE_CHUNKS"] = "1"
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds = time.perf_counter() - start
@@ -190,16 +287,23 @@ def run_compare(
 
 
 def measure(
-    work: Path, pairs: int, tensors: int = 2000, suffix: str = ".csv", spill: str = "auto"
+    work: Path,
+    pairs: int,
+    tensors: int = 2000,
+    suffix: str = ".csv",
+    spill: str = "auto",
+    byte_chunks: bool = False,
 ) -> dict[str, float]:
     """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs
     (``spill``: the store in RAM ``never``, on disk ``always``, or as the budget decides)."""
     tensors = min(tensors, pairs)
     tokens = max(1, round(pairs / (2 * len(nodes_for(tensors)))))
     g0, t0, _ = make_pair(work, 1, tensors)
-    base = run_compare(g0, t0, work / f"base{suffix}", spill=spill)
+    base = run_compare(g0, t0, work / f"base{suffix}", spill=spill, byte_chunks=byte_chunks)
     golden, target, n = make_pair(work, tokens, tensors)
-    fig = run_compare(golden, target, work / f"report{suffix}", spill=spill)
+    fig = run_compare(
+        golden, target, work / f"report{suffix}", spill=spill, byte_chunks=byte_chunks
+    )
     return {
         "pairs": n,
         "seconds": fig.seconds,
@@ -218,6 +322,79 @@ def time_open(golden: Path) -> tuple[int, float]:
     return len(update.tensors), time.perf_counter() - start
 
 
+_OPEN = """
+import sys, time
+from layerwatch.engine.readers import open_dump
+reader = open_dump(sys.argv[2], side="golden")
+start, cpu = time.perf_counter(), time.process_time()
+if sys.argv[1] == "columns":
+    n = reader.open_columns().tensors
+else:
+    n = len(reader.poll(None, final=True).tensors)
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+with open("/proc/self/status") as fh:
+    hwm = next(line for line in fh if line.startswith("VmHWM")).split()[1]
+print(n, seconds, cpu, hwm)
+"""
+"""Opens one dump in a fresh process: ``columns`` (``LayerwatchReader.open_columns``, what
+``compare`` does now) or ``records`` (one ``poll``: a record a tensor, as before); prints the
+tensors, seconds, CPU seconds (all threads) and peak RSS (kB)."""
+
+
+def open_figures(golden: Path, how: str) -> tuple[int, float, float, int]:
+    """(tensors, seconds, CPU seconds, peak RSS bytes) of opening ``golden`` in a fresh
+    process: on a shared box the CPU seconds are the steadier figure."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _OPEN, how, str(golden)], env=env, capture_output=True, text=True
+    )
+    if out.returncode:
+        raise RuntimeError(out.stderr.strip()[-2000:])
+    n, seconds, cpu, hwm = out.stdout.split()
+    return int(n), float(seconds), float(cpu), int(hwm) * 1024
+
+
+def golden_only(
+    work: Path, tensors_total: int, tensors: int, stats: bool, index_only: bool = False
+) -> Path:
+    """A golden dump alone of about ``tensors_total`` tensors (cached): what opening needs;
+    ``index_only``: without data files (``write_index_only``)."""
+    tokens = max(1, round(tensors_total / (2 * len(nodes_for(tensors)))))
+    kind = "i" if index_only else "s" if stats else ""
+    base = work / f"open-t{tokens}x{tensors}{kind}"
+    done = base / "tensors"
+    if not done.is_file():
+        shutil.rmtree(base, ignore_errors=True)
+        rank = base / "golden" / "cpu_1"
+        if index_only:
+            n = write_index_only(rank, tokens, tensors)
+        else:
+            n = write_dump(rank, tokens, tensors, noise=0.0, seed=1, stats=stats)
+        done.write_text(str(n))
+    return base / "golden"
+
+
+def open_table(
+    work: Path,
+    sizes: list[int],
+    tensors: int,
+    records_max: int,
+    stats: bool,
+    index_only: bool = False,
+) -> None:
+    """``--open-only``: open time and peak RSS, columns against records, in the same run (the
+    records way only up to ``records_max`` tensors: ~9 µs and ~0.7 KB a tensor)."""
+    print("tensors      columns s  CPU s  RSS MB   records s  CPU s  RSS MB   × (CPU)", flush=True)
+    for size in sizes:
+        golden = golden_only(work, size, tensors, stats, index_only)
+        n, seconds, cpu, rss = open_figures(golden, "columns")
+        line = f"{n:>11,}  {seconds:8.2f}  {cpu:5.2f}  {rss / 2**20:6.0f}"
+        if size <= records_max:
+            _, old_s, old_cpu, old_rss = open_figures(golden, "records")
+            line += f"  {old_s:9.2f}  {old_cpu:5.1f}  {old_rss / 2**20:6.0f}  {old_cpu / cpu:5.1f}"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, nargs="*", default=[100_000, 1_000_000])
@@ -228,8 +405,35 @@ def main() -> None:
     parser.add_argument(
         "--spill", action="store_true", help="each size with the store in RAM, then on disk"
     )
+    parser.add_argument(
+        "--open-only",
+        type=int,
+        nargs="*",
+        metavar="TENSORS",
+        help="only time opening golden dumps of these many tensors (columns vs records)",
+    )
+    parser.add_argument(
+        "--records-max", type=int, default=4_000_000, help="--open-only: records way up to this"
+    )
+    parser.add_argument(
+        "--byte-chunks",
+        action="store_true",
+        help="also compare with the windows of before the column index (same-run ratio)",
+    )
+    parser.add_argument(
+        "--index-only",
+        action="store_true",
+        help="--open-only: write the index alone, with statistics (no torch, no data files)",
+    )
+    parser.add_argument("--stats", action="store_true", help="statistics on every tensor line")
     parser.add_argument("--work", type=Path, default=Path("/tmp/layerwatch-bench-scale"))
     args = parser.parse_args()
+    if args.open_only:
+        args.work.mkdir(parents=True, exist_ok=True)
+        open_table(
+            args.work, args.open_only, args.tensors, args.records_max, args.stats, args.index_only
+        )
+        return
     sizes = list(args.pairs) + ([4_000_000] if args.big else [])
     args.work.mkdir(parents=True, exist_ok=True)
     modes = ("never", "always") if args.spill else ("auto",)
@@ -238,13 +442,17 @@ def main() -> None:
     for pairs in sizes:
         got = {}
         for mode in modes:
-            f = got[mode] = measure(args.work, pairs, args.tensors, args.suffix, mode)
-            print(
-                f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
-                f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
-                f"{f['bytes_per_pair']:8.0f}{store[mode]}",
-                flush=True,
-            )
+            for byte_chunks in (False, True) if args.byte_chunks else (False,):
+                f = measure(args.work, pairs, args.tensors, args.suffix, mode, byte_chunks)
+                if not byte_chunks:
+                    got[mode] = f
+                print(
+                    f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
+                    f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
+                    f"{f['bytes_per_pair']:8.0f}{store[mode]}"
+                    + ("  (byte-chunk windows)" if byte_chunks else ""),
+                    flush=True,
+                )
         if args.spill:
             ram, disk = got["never"], got["always"]
             print(
