@@ -40,7 +40,7 @@ ROW = np.dtype(
         ("logits", "i1"),
         ("node", "<i4"),
         ("stem", "<i4"),
-        ("order", "<i4"),
+        ("order", "<i8"),  # ATB orders are post-order keys up to 10^18 (readers/atb.py)
         ("block", "<i4"),
         ("node_type", "<i4"),
         ("reason", "<i4"),
