@@ -232,7 +232,7 @@ def _compare_windowed(
             prepare=spread,
         )
         for note in spread.notes(args.target):
-            run.note(note)
+            run.note(f"target: {note}")  # as the session words a side's notes
     except KeyboardInterrupt:
         progress.clear()
         if output and stream.rows:
