@@ -17,6 +17,7 @@ bytes a pair only — seconds are too noisy on shared runners.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -129,15 +130,95 @@ def write_dump(
     return count
 
 
-def make_pair(work: Path, tokens: int, tensors: int, noise: float = 1e-7) -> tuple[Path, Path, int]:
-    """Golden and target dumps (cached by size); returns their paths and the pair count."""
-    base = work / f"t{tokens}x{tensors}n{noise:g}"
+def write_msit_dump(
+    rank_dir: Path,
+    tokens: int,
+    tensors: int,
+    *,
+    noise: float,
+    seed: int,
+    faults: tuple[tuple[int, int], ...] = (),
+    diverge_at: int | None = None,
+    link: bool = False,
+) -> int:
+    """One msit rank directory (``{token}/{node}/{stem}.pth`` written by ``torch.save``,
+    ``model_tree.json``, as ``capture/msit_writer.py`` lays it out) of ``tokens`` × ~``tensors``
+    tensors; returns the tensors written. The first node is the embedding, whose ``input_0``
+    holds the token's input id (msit's readers take the ids from it).
+
+    ``faults``/``diverge_at``: as :func:`write_dump`. ``link``: every token after the first
+    hard-links the first token's files (same values, far faster to write at a million pairs;
+    each token still has its own directories and paths, as msit writes them)."""
+    import torch
+
+    nodes = [("root.model.embed_tokens", "Embedding"), *nodes_for(tensors - 2)]
+    layers: dict[str, list[dict[str, object]]] = {}
+    for name, kind in nodes[1:]:
+        layers.setdefault(".".join(name.split(".")[:4]), []).append(
+            {"name": name, "type": kind, "children": []}
+        )
+    model = [{"name": nodes[0][0], "type": "Embedding", "children": []}]
+    model.append(
+        {
+            "name": "root.model.layers",
+            "type": "ModuleList",
+            "children": [
+                {"name": layer, "type": "LlamaDecoderLayer", "children": ops}
+                for layer, ops in layers.items()
+            ],
+        }
+    )
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    tree = {
+        "name": "root",
+        "type": "LlamaForCausalLM",
+        "children": [{"name": "root.model", "type": "LlamaModel", "children": model}],
+    }
+    (rank_dir / "model_tree.json").write_text(json.dumps(tree))
+    golden = np.random.default_rng(1234)
+    perturb = np.random.default_rng(seed)
+    count = 0
+    for token in range(tokens):
+        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
+        if noise:
+            values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
+        for at, node in faults:
+            if token >= at:
+                values[node, 1] *= 1.1
+        ids = token + (1000 if diverge_at is not None and token >= diverge_at else 0)
+        for i, (name, _) in enumerate(nodes):  # execution order: file times follow it
+            folder = rank_dir / str(token) / name
+            folder.mkdir(parents=True)
+            for j, stem in enumerate(("input_0", "output")):
+                path = folder / f"{stem}.pth"
+                if link and token:
+                    os.link(rank_dir / "0" / name / path.name, path)
+                elif i == 0 and j == 0:
+                    torch.save(torch.tensor([[ids]], dtype=torch.int64), path)
+                else:
+                    torch.save(torch.from_numpy(values[i, j].copy()), path)
+                count += 1
+    return count
+
+
+def make_pair(
+    work: Path, tokens: int, tensors: int, noise: float = 1e-7, fmt: str = "layerwatch"
+) -> tuple[Path, Path, int]:
+    """Golden and target dumps (cached by size and format); returns their paths and the pair
+    count. ``fmt``: ``layerwatch`` or ``msit`` (its per-token directories)."""
+    base = work / f"{'msit-' if fmt == 'msit' else ''}t{tokens}x{tensors}n{noise:g}"
     done = base / "pairs"
     if done.is_file():
         return base / "golden", base / "target", int(done.read_text())
     shutil.rmtree(base, ignore_errors=True)
-    n = write_dump(base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1)
-    write_dump(base / "target" / "cpu_2", tokens, tensors, noise=noise, seed=2)
+    if fmt == "msit":
+        n = write_msit_dump(
+            base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1, link=True
+        )
+        write_msit_dump(base / "target" / "cpu_2", tokens, tensors, noise=noise, seed=2, link=True)
+    else:
+        n = write_dump(base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1)
+        write_dump(base / "target" / "cpu_2", tokens, tensors, noise=noise, seed=2)
     done.write_text(str(n))
     return base / "golden", base / "target", n
 
@@ -169,11 +250,41 @@ sys.exit(rc)
 """Runs the CLI and prints its own peak RSS (``VmHWM``, kB): a child's ``ru_maxrss`` would count
 the bench's own pages from before ``exec``."""
 
+_WHOLE = """
+import sys
+from layerwatch.engine.numerics.blas import env_before_numpy
+env_before_numpy()
+from layerwatch.engine.outcome import write_report
+from layerwatch.engine.readers import open_dump
+from layerwatch.engine.session.core import CompareSession
+golden, target, report = sys.argv[1:4]
+session = CompareSession(jobs=0, side_stats=True)
+try:
+    session.compare_finished(
+        open_dump(golden, side="golden").poll(None, final=True),
+        open_dump(target, side="target").poll(None, final=True),
+    )
+finally:
+    session.close()
+write_report(report, session)
+with open("/proc/self/status") as fh:
+    hwm = next(line for line in fh if line.startswith("VmHWM"))
+sys.stderr.write("\\n@@" + hwm.split()[1] + "\\n")
+"""
+"""The whole-run compare every format but layerwatch took before windows (one session holding
+every record and result, the report written at the end): the "before" of ``--before``."""
 
-def run_compare(golden: Path, target: Path, report: Path, *extra: str) -> Figures:
-    """``layerwatch compare`` in a fresh process; its own peak RSS."""
-    cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
-    cmd += ["-o", str(report), *extra]
+
+def run_compare(
+    golden: Path, target: Path, report: Path, *extra: str, whole: bool = False
+) -> Figures:
+    """``layerwatch compare`` in a fresh process (``whole``: the whole-run session instead);
+    its own peak RSS."""
+    if whole:
+        cmd = [sys.executable, "-c", _WHOLE, str(golden), str(target), str(report)]
+    else:
+        cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
+        cmd += ["-o", str(report), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -185,14 +296,22 @@ def run_compare(golden: Path, target: Path, report: Path, *extra: str) -> Figure
     return Figures(0, seconds, int(hwm.split()[0]) * 1024, proc.returncode)
 
 
-def measure(work: Path, pairs: int, tensors: int = 2000, suffix: str = ".csv") -> dict[str, float]:
-    """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs."""
+def measure(
+    work: Path,
+    pairs: int,
+    tensors: int = 2000,
+    suffix: str = ".csv",
+    fmt: str = "layerwatch",
+    whole: bool = False,
+) -> dict[str, float]:
+    """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs of ``fmt``
+    dumps (``whole``: the whole-run session, the path before windows)."""
     tensors = min(tensors, pairs)
     tokens = max(1, round(pairs / (2 * len(nodes_for(tensors)))))
-    g0, t0, _ = make_pair(work, 1, tensors)
-    base = run_compare(g0, t0, work / f"base{suffix}")
-    golden, target, n = make_pair(work, tokens, tensors)
-    fig = run_compare(golden, target, work / f"report{suffix}")
+    g0, t0, _ = make_pair(work, 1, tensors, fmt=fmt)
+    base = run_compare(g0, t0, work / f"base{suffix}", whole=whole)
+    golden, target, n = make_pair(work, tokens, tensors, fmt=fmt)
+    fig = run_compare(golden, target, work / f"report{suffix}", whole=whole)
     return {
         "pairs": n,
         "seconds": fig.seconds,
@@ -218,18 +337,25 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=2000, help="tensors a token")
     parser.add_argument("--suffix", default=".csv", help="report format: .csv .json .jsonl")
     parser.add_argument("--open", action="store_true", help="time opening the golden index")
+    parser.add_argument("--format", default="layerwatch", choices=("layerwatch", "msit"))
+    parser.add_argument(
+        "--before", action="store_true", help="also the whole-run session (the path before)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/layerwatch-bench-scale"))
     args = parser.parse_args()
     sizes = list(args.pairs) + ([4_000_000] if args.big else [])
     args.work.mkdir(parents=True, exist_ok=True)
-    print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair")
+    print(f"{args.format} dumps")
+    print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair  path")
     for pairs in sizes:
-        f = measure(args.work, pairs, args.tensors, args.suffix)
-        print(
-            f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
-            f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  {f['bytes_per_pair']:8.0f}",
-            flush=True,
-        )
+        for whole in (False, True) if args.before else (False,):
+            f = measure(args.work, pairs, args.tensors, args.suffix, args.format, whole)
+            print(
+                f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
+                f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
+                f"{f['bytes_per_pair']:8.0f}    {'whole run' if whole else 'windows'}",
+                flush=True,
+            )
         if args.open:
             tokens = max(1, round(pairs / (2 * len(nodes_for(min(args.tensors, pairs))))))
             golden, _, _ = make_pair(args.work, tokens, min(args.tensors, pairs))
