@@ -41,6 +41,7 @@ LAYER_OPS = (
 )
 """Leaf operators of one decoder layer; each dumps ``input_0`` and ``output`` (18 tensors)."""
 ELEMENTS = 16
+FORMATS = ("layerwatch", "msit", "atb", "msprobe")
 
 
 def nodes_for(tensors: int) -> list[tuple[str, str]]:
@@ -201,12 +202,113 @@ def write_msit_dump(
     return count
 
 
+def link_token(rank_dir: Path, token: int) -> None:
+    """Token ``token`` as hard links to token 0's files (its own directories and paths)."""
+    first = rank_dir / "0"
+    for folder, _dirs, files in os.walk(first):
+        into = rank_dir / str(token) / Path(folder).relative_to(first)
+        into.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            os.link(Path(folder) / name, into / name)
+
+
+def write_atb_dump(
+    dump_dir: Path,
+    tokens: int,
+    tensors: int,
+    *,
+    noise: float,
+    seed: int,
+    faults: tuple[tuple[int, int], ...] = (),
+    link: bool = False,
+) -> int:
+    """An ATB dump (``tensors/{device}_{pid}/{executeCount}/{order}_{Op}/…/{before|after}/``
+    ``.bin`` files and the model json, written by tests/support/atb.py as the CANN probe lays
+    them out) of ``tokens`` × ~``tensors`` tensors: one ``Decoder`` op a layer holding its
+    operators, each with one input and one output. ``link``: tokens after the first hard-link
+    its files. Returns the tensors written."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from support.atb import Op
+    from support.atb import write_dump as write_atb
+
+    nodes = nodes_for(tensors)
+    golden = np.random.default_rng(1234)
+    perturb = np.random.default_rng(seed)
+    per_token = []
+    for token in range(1 if link else tokens):
+        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
+        if noise:
+            values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
+        for at, node in faults:
+            if token >= at:
+                values[node, 1] *= 1.1
+        layers: dict[str, list[Op]] = {}
+        for i, (name, kind) in enumerate(nodes):
+            op = Op(f"{kind}Operation", inputs=[values[i, 0]], outputs=[values[i, 1]])
+            layers.setdefault(name.split(".")[3], []).append(op)
+        per_token.append([Op("Decoder", children=ops) for ops in layers.values()])
+    write_atb(dump_dir, per_token)
+    rank_dir = dump_dir / "tensors" / "0_4242"
+    for token in range(1, tokens if link else 0):
+        link_token(rank_dir, token)
+    return 2 * len(nodes) * tokens
+
+
+def write_msprobe_dump(
+    step_dir: Path,
+    tokens: int,
+    tensors: int,
+    *,
+    noise: float,
+    seed: int,
+    faults: tuple[tuple[int, int], ...] = (),
+) -> int:
+    """An msprobe statistics dump (``proc0/dump.json`` + ``construct.json``, task
+    ``statistics``, level ``L0``) of ``tokens`` forwards × ~``tensors`` tensors: every operator
+    a module inside the top-level ``model`` module, whose repeat closes a token (how
+    engine/readers/msprobe.py rebuilds tokens). msprobe writes one file a step, so it is read
+    whole. Returns the tensors written."""
+    nodes = nodes_for(tensors)
+    golden = np.random.default_rng(1234)
+    perturb = np.random.default_rng(seed)
+    data: dict[str, object] = {}
+    construct: dict[str, str | None] = {}
+
+    def stats(v: np.ndarray) -> dict[str, object]:
+        return {
+            "type": "torch.Tensor", "dtype": "torch.float32", "shape": [ELEMENTS],
+            "Max": float(v.max()), "Min": float(v.min()), "Mean": float(v.mean()),
+            "Norm": float(np.linalg.norm(v)), "requires_grad": False,
+        }  # fmt: skip
+
+    for token in range(tokens):
+        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
+        if noise:
+            values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
+        for at, node in faults:
+            if token >= at:
+                values[node, 1] *= 1.1
+        top = f"Module.model.LlamaModel.forward.{token}"
+        for i, (name, kind) in enumerate(nodes):
+            entry = f"Module.{name.removeprefix('root.')}.{kind}.forward.{token}"
+            data[entry] = {"input_args": [stats(values[i, 0])], "output": [stats(values[i, 1])]}
+            construct[entry] = top
+        data[top] = {"input_args": [], "output": []}
+        construct[top] = None
+    rank_dir = step_dir / "step0" / "proc0"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    head = {"task": "statistics", "level": "L0", "framework": "pytorch", "dump_data_dir": None}
+    (rank_dir / "dump.json").write_text(json.dumps({**head, "data": data}))
+    (rank_dir / "construct.json").write_text(json.dumps(construct))
+    return 2 * len(nodes) * tokens
+
+
 def make_pair(
     work: Path, tokens: int, tensors: int, noise: float = 1e-7, fmt: str = "layerwatch"
 ) -> tuple[Path, Path, int]:
     """Golden and target dumps (cached by size and format); returns their paths and the pair
     count. ``fmt``: ``layerwatch`` or ``msit`` (its per-token directories)."""
-    base = work / f"{'msit-' if fmt == 'msit' else ''}t{tokens}x{tensors}n{noise:g}"
+    base = work / f"{'' if fmt == 'layerwatch' else fmt + '-'}t{tokens}x{tensors}n{noise:g}"
     done = base / "pairs"
     if done.is_file():
         return base / "golden", base / "target", int(done.read_text())
@@ -216,6 +318,12 @@ def make_pair(
             base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1, link=True
         )
         write_msit_dump(base / "target" / "cpu_2", tokens, tensors, noise=noise, seed=2, link=True)
+    elif fmt == "atb":
+        n = write_atb_dump(base / "golden", tokens, tensors, noise=0.0, seed=1, link=True)
+        write_atb_dump(base / "target", tokens, tensors, noise=noise, seed=2, link=True)
+    elif fmt == "msprobe":
+        n = write_msprobe_dump(base / "golden", tokens, tensors, noise=0.0, seed=1)
+        write_msprobe_dump(base / "target", tokens, tensors, noise=noise, seed=2)
     else:
         n = write_dump(base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1)
         write_dump(base / "target" / "cpu_2", tokens, tensors, noise=noise, seed=2)
@@ -337,7 +445,7 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=2000, help="tensors a token")
     parser.add_argument("--suffix", default=".csv", help="report format: .csv .json .jsonl")
     parser.add_argument("--open", action="store_true", help="time opening the golden index")
-    parser.add_argument("--format", default="layerwatch", choices=("layerwatch", "msit"))
+    parser.add_argument("--format", default="layerwatch", choices=FORMATS)
     parser.add_argument(
         "--before", action="store_true", help="also the whole-run session (the path before)"
     )

@@ -1,0 +1,129 @@
+"""Windowed compare of every dump format: msit and ATB read a token directory at a time,
+msprobe read whole and compared a window of tokens at a time; each gives the whole-run report
+byte for byte, and its memory grows by far less a pair than a whole-run session's.
+
+Dumps: the committed fixtures of the real tools (tests/fixtures/README.md) and synthetic dumps
+of many tokens written in each tool's layout (tests/bench/bench_scale.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from bench.bench_scale import (
+    make_pair,
+    run_compare,
+    write_atb_dump,
+    write_dump,
+    write_msit_dump,
+    write_msprobe_dump,
+)
+from layerwatch.engine.outcome import ReportStream
+from layerwatch.engine.readers import open_dump
+from layerwatch.engine.session import windowed
+from layerwatch.engine.session.core import CompareSession
+from layerwatch.engine.session.ranks import spread_updates, world_size
+from layerwatch.tui.cli import main
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def _synthetic(write: Callable[..., int], sub: str, **faults: object) -> Callable[[Path], tuple]:
+    def make(tmp: Path) -> tuple[Path, Path]:
+        write(tmp / "golden" / sub, 10, 40, noise=0.0, seed=1)
+        write(tmp / "target" / sub, 10, 40, noise=1e-7, seed=2, faults=((3, 5), (6, 2)), **faults)
+        return tmp / "golden", tmp / "target"
+
+    return make
+
+
+def _fixture(golden: str, target: str) -> Callable[[Path], tuple]:
+    return lambda _tmp: (FIXTURES / golden, FIXTURES / target)
+
+
+DUMPS = {
+    "msit": _fixture("msit/golden/msit_dump_fixture", "msit/target/msit_dump_fixture"),
+    "msit-stats": _fixture("msit/stats/msit_dump_fixture", "msit/golden/msit_dump_fixture"),
+    "msprobe": _fixture("msprobe/tensor_golden", "msprobe/tensor_target"),
+    "msprobe-stats": _fixture("msprobe/stats_golden", "msprobe/stats_target"),
+    "atb": _fixture("atb/msit_dump_fixture", "atb/msit_dump_fixture"),
+    "msit-10-tokens": _synthetic(write_msit_dump, "cpu_1", diverge_at=8),
+    "atb-10-tokens": _synthetic(write_atb_dump, "."),
+    "msprobe-10-tokens": _synthetic(write_msprobe_dump, "."),
+    "layerwatch-vs-msit": lambda tmp: (
+        _synthetic(write_dump, "cpu_1")(tmp)[0],
+        _synthetic(write_msit_dump, "cpu_1")(tmp / "m")[1],
+    ),
+}
+
+
+def whole_run_report(golden: Path, target: Path, out: Path) -> None:
+    """The report as the whole-run path wrote it before windows: one session, every record."""
+    updates = {
+        side: open_dump(path, side=side).poll(None, final=True)
+        for side, path in (("golden", golden), ("target", target))
+    }
+    spread_updates(updates["golden"], updates["target"], world_size(target), None)
+    session = CompareSession(jobs=1, side_stats=True)
+    try:
+        session.compare_finished(updates["golden"], updates["target"])
+    finally:
+        session.close()
+    stream = ReportStream(out)
+    stream.add(session.results())
+    stream.finish(session)
+
+
+def windowed_report(
+    golden: Path, target: Path, out: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, int]:
+    """``compare -o out`` in windows of about 7 tensors (a token or less each); (exit code,
+    windows compared)."""
+    monkeypatch.setattr(windowed, "WINDOW_TENSORS", 7)
+    count = [0]
+    real = windowed.windows
+
+    def counted(*args: object, **kwargs: object) -> Iterator[dict]:
+        for window in real(*args, **kwargs):  # type: ignore[arg-type]
+            count[0] += 1
+            yield window
+
+    monkeypatch.setattr(windowed, "windows", counted)
+    code = main(["compare", str(golden), str(target), "-o", str(out), "--jobs", "1"])
+    return code, count[0]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+@pytest.mark.parametrize("name", list(DUMPS))
+def test_each_format_compared_in_windows_writes_the_whole_run_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, suffix: str
+) -> None:
+    golden, target = DUMPS[name](tmp_path)
+    whole_run_report(golden, target, tmp_path / f"whole{suffix}")
+    code, windows = windowed_report(golden, target, tmp_path / f"windowed{suffix}", monkeypatch)
+    assert code in (0, 1)
+    assert windows >= 2  # the windowed path ran, a token (or less) at a time
+    assert (tmp_path / f"windowed{suffix}").read_bytes() == (
+        tmp_path / f"whole{suffix}"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize("fmt", ["msit", "atb", "msprobe"])
+def test_memory_grows_by_far_less_a_pair_than_a_whole_run_session(tmp_path: Path, fmt: str) -> None:
+    """Peak RSS of ``compare`` at 6 k and 18 k pairs: the growth over the extra pairs, a pair,
+    is what each pair keeps (the first windows' working set, ~3 of 2 048 tensors, is in both).
+    A whole-run session keeps ~6 KB a pair, the store ~200 B; msprobe, read whole, also parses
+    and keeps every record until its window. Bytes, never seconds: CI machines are shared."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    peaks = []
+    pairs = []
+    for tokens in (6, 18):  # 1 000 tensors a token
+        golden, target, n = make_pair(tmp_path, tokens, 1000, fmt=fmt)
+        peaks.append(run_compare(golden, target, tmp_path / f"r{tokens}.csv").peak_rss)
+        pairs.append(n)
+    per_pair = (peaks[1] - peaks[0]) / (pairs[1] - pairs[0])
+    limit = 4_000 if fmt == "msprobe" else 1_500
+    assert per_pair < limit, (fmt, per_pair, peaks, pairs)
