@@ -9,7 +9,7 @@ of many tokens written in each tool's layout (tests/bench/bench_scale.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,12 +21,7 @@ from bench.bench_scale import (
     write_msit_dump,
     write_msprobe_dump,
 )
-from layerwatch.engine.outcome import ReportStream
-from layerwatch.engine.readers import open_dump
-from layerwatch.engine.session import windowed
-from layerwatch.engine.session.core import CompareSession
-from layerwatch.engine.session.ranks import spread_updates, world_size
-from layerwatch.tui.cli import main
+from support.scale import whole_run_report, windowed_report
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -60,42 +55,6 @@ DUMPS = {
 }
 
 
-def whole_run_report(golden: Path, target: Path, out: Path) -> None:
-    """The report as the whole-run path wrote it before windows: one session, every record."""
-    updates = {
-        side: open_dump(path, side=side).poll(None, final=True)
-        for side, path in (("golden", golden), ("target", target))
-    }
-    spread_updates(updates["golden"], updates["target"], world_size(target), None)
-    session = CompareSession(jobs=1, side_stats=True)
-    try:
-        session.compare_finished(updates["golden"], updates["target"])
-    finally:
-        session.close()
-    stream = ReportStream(out)
-    stream.add(session.results())
-    stream.finish(session)
-
-
-def windowed_report(
-    golden: Path, target: Path, out: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, int]:
-    """``compare -o out`` in windows of about 7 tensors (a token or less each); (exit code,
-    windows compared)."""
-    monkeypatch.setattr(windowed, "WINDOW_TENSORS", 7)
-    count = [0]
-    real = windowed.windows
-
-    def counted(*args: object, **kwargs: object) -> Iterator[dict]:
-        for window in real(*args, **kwargs):  # type: ignore[arg-type]
-            count[0] += 1
-            yield window
-
-    monkeypatch.setattr(windowed, "windows", counted)
-    code = main(["compare", str(golden), str(target), "-o", str(out), "--jobs", "1"])
-    return code, count[0]
-
-
 @pytest.mark.parametrize("suffix", [".csv", ".json"])
 @pytest.mark.parametrize("name", list(DUMPS))
 def test_each_format_compared_in_windows_writes_the_whole_run_report(
@@ -127,3 +86,19 @@ def test_memory_grows_by_far_less_a_pair_than_a_whole_run_session(tmp_path: Path
     per_pair = (peaks[1] - peaks[0]) / (pairs[1] - pairs[0])
     limit = 4_000 if fmt == "msprobe" else 1_500
     assert per_pair < limit, (fmt, per_pair, peaks, pairs)
+
+
+def test_ranks_read_at_different_paces_close_a_token_only_when_every_rank_passed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 dumps ten times the tensors of rank 0, so its index is read ten times slower:
+    a window holds a token only once rank 1 has read past it too (else its tensors of that
+    token would come after the window and be compared without the golden spread over them)."""
+    write_dump(tmp_path / "golden" / "rank0", 6, 400, noise=0.0, seed=1)
+    write_dump(tmp_path / "target" / "rank0", 6, 40, noise=1e-7, seed=2)
+    write_dump(tmp_path / "target" / "rank1", 6, 400, noise=1e-7, seed=3, faults=((2, 7),))
+    golden, target = tmp_path / "golden", tmp_path / "target"
+    whole_run_report(golden, target, tmp_path / "whole.json")
+    code, windows = windowed_report(golden, target, tmp_path / "windowed.json", monkeypatch)
+    assert code == 1 and windows >= 2
+    assert (tmp_path / "windowed.json").read_bytes() == (tmp_path / "whole.json").read_bytes()
