@@ -136,12 +136,10 @@ def compare_main(args: argparse.Namespace) -> int:
         # back), while each dump parses in ~40 ms per thousand .pth files.
         updates = {side: keep(reader.poll(None, final=True)) for side, reader in readers.items()}
         _spread_ranks(updates, args)
-        from layerwatch.engine.cases import compare_cases, conclude_cases, has_cases
+        from layerwatch.engine.cases import has_cases, stream_cases
 
         if has_cases(*updates.values()):  # several prompts in one dump: case by case
-            return conclude_cases(
-                compare_cases(updates, make_session), sys.stdout, output=output, as_json=as_json
-            )
+            return stream_cases(updates, make_session, sys.stdout, output=output, as_json=as_json)
         n = len(updates["golden"].tensors)
         check(Estimate(n, len(updates["golden"].token_ids) or 1, windowed=False), limit_bytes)
         session.compare_finished(

@@ -8,6 +8,9 @@ of many tokens written in each tool's layout (tests/bench/bench_scale.py).
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +24,9 @@ from bench.bench_scale import (
     write_msit_dump,
     write_msprobe_dump,
 )
+from layerwatch.engine.readers import open_dump
+from layerwatch.engine.session.core import CompareSession
+from layerwatch.tui.cli import main
 from support.scale import whole_run_report, windowed_report
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -102,3 +108,51 @@ def test_ranks_read_at_different_paces_close_a_token_only_when_every_rank_passed
     code, windows = windowed_report(golden, target, tmp_path / "windowed.json", monkeypatch)
     assert code == 1 and windows >= 2
     assert (tmp_path / "windowed.json").read_bytes() == (tmp_path / "whole.json").read_bytes()
+
+
+def test_a_per_case_compare_streams_the_report_the_cases_make_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per-case dumps: each case's rows go out as the case is judged; the files and stdout are
+    what the cases compared whole give (the JSON object written at once, ``indent=1``)."""
+    from layerwatch.capture import DumpConfig, case, register_hook
+    from layerwatch.capture.demo import build_model, generate, make_prompt
+    from layerwatch.engine.cases import compare_cases, report_object
+    from layerwatch.engine.report import CSV_COLUMNS, csv_row, json_row
+
+    for name, fault, keys in (("g", None, "abc"), ("t", "rotary_swap", "abq")):
+        model = build_model(fault=fault, layers=4)
+        with register_hook(model, DumpConfig(dump_path=tmp_path / name)):
+            for i, key in enumerate(keys):
+                with case(key):
+                    generate(model, make_prompt(6, seed=10 + i), 6 if i == 1 else 3)
+    g, t = str(tmp_path / "g"), str(tmp_path / "t")
+    updates = {
+        s: open_dump(p, side=s).poll(None, final=True) for s, p in (("golden", g), ("target", t))
+    }
+    cases = compare_cases(updates, lambda: CompareSession(jobs=1, side_stats=True))
+    rows = [{"case": c.key, **json_row(r)} for c in cases for r in c.results]
+    assert rows and [c.verdict for c in cases] == ["pass", "fail", "unpaired", "unpaired"]
+    obj = {**report_object(cases), "rows": rows}
+    n = 0
+    with io.StringIO() as text:
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["case", *CSV_COLUMNS])
+        for c in cases:
+            for r in c.results:
+                writer.writerow([c.key, *csv_row(r, n)])
+                n += 1
+        want = {
+            ".csv": text.getvalue(),
+            ".json": json.dumps(obj, indent=1) + "\n",
+            ".jsonl": "".join(json.dumps(row) + "\n" for row in rows)
+            + json.dumps({k: v for k, v in obj.items() if k != "rows"})
+            + "\n",
+        }
+    for suffix, expected in want.items():
+        out = tmp_path / f"r{suffix}"
+        assert main(["compare", g, t, "-o", str(out), "--jobs", "1"]) == 1
+        assert out.read_text() == expected, suffix
+    capsys.readouterr()
+    assert main(["compare", g, t, "--json", "--jobs", "1"]) == 1
+    assert capsys.readouterr().out == want[".json"]
