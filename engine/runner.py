@@ -196,7 +196,8 @@ def _chunked(
     share = 1.0
     if tokens is not None and count:
         share = sum(t in tokens for t in range(count)) / count
-    return Estimate(int(n * share), count or 1, windowed=True), sources
+    held = any(isinstance(s, WholeDump) for s in sources.values())
+    return Estimate(int(n * share), count or 1, windowed=True, held=held), sources
 
 
 def _compare_windowed(

@@ -19,6 +19,9 @@ SESSION_BYTES = 6_000
 """A pair held by a whole-run CompareSession: both records, raw and reported result (~5.4 KB)."""
 WINDOW_BYTES = 160 << 20
 """One window's records and results while it is compared, and the interpreter's own growth."""
+HELD_BYTES = 3_000
+"""A pair of a dump read whole before its windows (msprobe: both records, held until their
+window; measured ~2.4 KB, tests/engine/session/test_scale_formats.py)."""
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -49,18 +52,24 @@ class Estimate:
     pairs: int
     tokens: int
     windowed: bool
+    held: bool = False
+    """The records were read whole and wait for their window (a pair costs ``HELD_BYTES`` more)."""
+
+    @property
+    def per_pair(self) -> int:
+        if not self.windowed:
+            return SESSION_BYTES
+        return STORE_BYTES + (HELD_BYTES if self.held else 0)
 
     @property
     def nbytes(self) -> int:
-        if self.windowed:
-            return self.pairs * STORE_BYTES + WINDOW_BYTES
-        return self.pairs * SESSION_BYTES
+        return self.pairs * self.per_pair + (WINDOW_BYTES if self.windowed else 0)
 
     def tokens_that_fit(self, budget: int) -> int:
         """How many tokens (of about equal size) fit in ``budget`` bytes."""
         if not self.tokens or not self.pairs:
             return 0
-        per_token = self.pairs / self.tokens * (STORE_BYTES if self.windowed else SESSION_BYTES)
+        per_token = self.pairs / self.tokens * self.per_pair
         room = budget - (WINDOW_BYTES if self.windowed else 0)
         return max(0, int(room // per_token))
 

@@ -156,3 +156,29 @@ def test_a_per_case_compare_streams_the_report_the_cases_make_whole(
     capsys.readouterr()
     assert main(["compare", g, t, "--json", "--jobs", "1"]) == 1
     assert capsys.readouterr().out == want[".json"]
+
+
+@pytest.mark.parametrize(
+    ("write", "sub", "room"),
+    [
+        (write_msit_dump, "cpu_1", "161M"),
+        (write_atb_dump, ".", "161M"),
+        (write_msprobe_dump, ".", "180M"),
+    ],
+)
+def test_the_memory_check_counts_each_formats_pairs_before_comparing(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    write: Callable[..., int],
+    sub: str,
+    room: str,
+) -> None:
+    """msit and ATB: estimated from the first token's files (no record read); msprobe: its
+    records, read whole, cost a pair more while they wait for their window."""
+    for side in ("golden", "target"):
+        write(tmp_path / side / sub, 20, 400, noise=0.0, seed=1)
+    g, t = str(tmp_path / "golden"), str(tmp_path / "target")
+    assert main(["compare", g, t, "--max-memory", room]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "8 000 pairs" in err and "--tokens 0-" in err, err
+    assert main(["compare", g, t, "--max-memory", "4G", "--jobs", "1"]) == 0
