@@ -19,8 +19,12 @@ windows in token order:
 Each window is a fresh session sharing one pairer (its weight match is computed once) and one
 job runner (one process pool). Its rows go to the report stream as the window completes and its
 results into the :class:`~.store.ResultStore`; then the window's records and results are dropped.
-Readers hand records over in index order, which is token order for a finished layerwatch dump;
-a tensor of a token whose window already closed is compared in a later window and noted.
+Readers hand records over a chunk at a time in token order (``poll_chunk``: a layerwatch index
+chunk, an msit or ATB token directory of every rank; :class:`WholeDump` for a format read
+whole). A token closes once every rank of both sides has read past it (:attr:`_Side.top`); a
+tensor of a token whose window already closed is compared in a later window and noted.
+``prepare`` changes a window's updates before they are compared: the golden spread over a
+tensor-parallel target's ranks (engine/session/ranks.py), local to a token as well.
 """
 
 from __future__ import annotations
