@@ -181,8 +181,8 @@ def write_msit_dump(
     count = 0
     for token in range(tokens):
         values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
-        if noise:
-            values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
+        if noise:  # not the embedding's: a gather adds no rounding (its local verdict says so)
+            values[1:] *= 1 + noise * perturb.standard_normal(values[1:].shape, dtype=np.float32)
         for at, node in faults:
             if token >= at:
                 values[node, 1] *= 1.1
