@@ -90,9 +90,11 @@ def compare_main(args: argparse.Namespace) -> int:
         return ray_compare_main(args)
     _check_path(args.golden, "golden")
     _check_path(args.target, "target")
-    from layerwatch.engine.logitscmp import compare_logits_main, is_logits_pair
+    from layerwatch.engine.readers.logitsdir import detect
 
-    if is_logits_pair(args.golden, args.target):  # msit logitscmp folders: per-case logits
+    if detect(args.golden) and detect(args.target):  # msit logitscmp folders: per-case logits
+        from layerwatch.engine.logitscmp import compare_logits_main
+
         return compare_logits_main(args)
     output = getattr(args, "output", None)
     as_json = bool(getattr(args, "json", False))
