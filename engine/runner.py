@@ -169,28 +169,24 @@ def _chunked(
     a token directory at a time, msprobe whole (its ``dump.json`` numbers calls over a whole
     step) and then windowed (engine/session/windowed.py). None: the whole-run path (a
     layerwatch dump with cases or dropped files needs every record at once; other formats)."""
-    from layerwatch.engine.readers.atb import AtbReader
-    from layerwatch.engine.readers.layerwatch import LayerwatchReader
-    from layerwatch.engine.readers.msit import MsitReader
-    from layerwatch.engine.readers.msprobe import MsprobeReader
     from layerwatch.engine.session.budget import Estimate
     from layerwatch.engine.session.windowed import WholeDump
 
-    kinds = (LayerwatchReader, MsitReader, AtbReader, MsprobeReader)
-    if not all(isinstance(r, kinds) for r in readers.values()):
+    # By format name, not class: importing every reader would undo open_dump's per-format imports.
+    if not all(r.fmt in ("layerwatch", "msit", "atb", "msprobe") for r in readers.values()):
         return None
     sizes: dict[str, tuple[int, int]] = {}
     for side, reader in readers.items():
-        if isinstance(reader, LayerwatchReader):
+        if reader.fmt == "layerwatch":
             scan = reader.scan_index()
             if scan.cases or scan.drops:
                 return None
             sizes[side] = (scan.tensors, scan.tokens)
-        elif isinstance(reader, (MsitReader, AtbReader)):
+        elif reader.fmt in ("msit", "atb"):
             sizes[side] = reader.count_tensors()
     sources: dict[str, Any] = dict(readers)
     for side, reader in readers.items():  # read whole last: a refusal above leaves it unread
-        if isinstance(reader, MsprobeReader):
+        if reader.fmt == "msprobe":
             update = reader.poll(None, final=True)
             sizes[side] = (len(update.tensors), len({r.key.token for r in update.tensors}))
             sources[side] = WholeDump(update)
