@@ -38,6 +38,9 @@ SPILL_RAM = 64 << 20
 """A spilled store's chunks being filled and its read cache (engine/session/store.py: ~44 MB)."""
 DISK_BYTES = 256
 """A pair in the spill files (measured ~170: 104 B of row and its metric values)."""
+HELD_BYTES = 3_000
+"""A pair of a dump read whole before its windows (msprobe: both records, held until their
+window; measured ~2.4 KB, tests/engine/session/test_scale_formats.py)."""
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -89,15 +92,21 @@ class Estimate:
     windowed: bool
     spill: Path | None = None
     """Where the store's full chunks go (a windowed compare that would not fit in RAM)."""
+    held: bool = False
+    """The records were read whole and wait for their window (a pair costs ``HELD_BYTES`` more)."""
+
+    @property
+    def per_pair(self) -> int:
+        if not self.windowed:
+            return SESSION_BYTES
+        return STORE_BYTES + (HELD_BYTES if self.held else 0)
 
     @property
     def nbytes(self) -> int:
-        if self.spill is not None:
+        if self.spill is not None:  # held records stay in RAM however the store is kept
             fixed = self.tokens * TOKEN_BYTES + WINDOW_BYTES + SPILL_RAM
-            return self.pairs * SPILLED_BYTES + fixed
-        if self.windowed:
-            return self.pairs * STORE_BYTES + WINDOW_BYTES
-        return self.pairs * SESSION_BYTES
+            return self.pairs * (SPILLED_BYTES + (HELD_BYTES if self.held else 0)) + fixed
+        return self.pairs * self.per_pair + (WINDOW_BYTES if self.windowed else 0)
 
     @property
     def disk_bytes(self) -> int:
@@ -107,7 +116,7 @@ class Estimate:
         """How many tokens (of about equal size) fit in ``budget`` bytes."""
         if not self.tokens or not self.pairs:
             return 0
-        per_token = self.pairs / self.tokens * (STORE_BYTES if self.windowed else SESSION_BYTES)
+        per_token = self.pairs / self.tokens * self.per_pair
         room = budget - (WINDOW_BYTES if self.windowed else 0)
         return max(0, int(room // per_token))
 

@@ -62,7 +62,7 @@ ROW = np.dtype(
         ("logits", "i1"),
         ("node", "<i4"),
         ("stem", "<i4"),
-        ("order", "<i4"),
+        ("order", "<i8"),  # ATB orders are post-order keys up to 10^18 (readers/atb.py)
         ("block", "<i4"),
         ("node_type", "<i4"),
         ("reason", "<i4"),
@@ -101,6 +101,10 @@ NO_TENSOR = -2
 """Side path id of a pair with no tensor on that side (unpaired)."""
 NO_PAYLOAD = -1
 """Side path id of a tensor whose bytes the store cannot point at (statistics only, views)."""
+TOKEN_MARK = "\x00"
+"""Stands for the pair's token in a stored path: msit and ATB write a file per tensor under a
+directory per token (``…/cpu_1/{token}/{node}/output.pth``), so a path kept whole would be a new
+string every pair (~300 B); with its token directory marked it is one string a node."""
 
 
 class _Spilled:
@@ -290,11 +294,18 @@ class ResultStore:
             self.failed_sets.id(tuple(result.failed)),
             self.metric_sets.id(tuple(names)),
             pos,
-            *self._side(result.golden),
-            *self._side(result.target),
+            *self._side(result.golden, key.token),
+            *self._side(result.target, key.token),
         )
 
-    def _side(self, record: TensorRecord | None) -> tuple[int, int, int, int, int]:
+    def _path_id(self, path: str, token: int) -> int:
+        part = f"{os.sep}{token}{os.sep}"
+        at = path.rfind(part)
+        if at >= 0:
+            path = f"{path[:at]}{os.sep}{TOKEN_MARK}{os.sep}{path[at + len(part) :]}"
+        return self.strings.id(path)
+
+    def _side(self, record: TensorRecord | None, token: int) -> tuple[int, int, int, int, int]:
         if record is None:
             return (NO_TENSOR, 0, 0, 0, 0)
         loc = record.loc
@@ -308,7 +319,7 @@ class ResultStore:
             shape, dtype = tuple(record.shape), record.dtype
             return (NO_PAYLOAD, 0, 0, self.shapes.id(shape), self.strings.id(dtype))
         return (
-            self.strings.id(loc.path),
+            self._path_id(loc.path, token),
             loc.offset,
             loc.nbytes,
             self.shapes.id(tuple(loc.shape)),
@@ -414,7 +425,7 @@ class ResultStore:
         loc = None
         if path >= 0:
             loc = Locator(
-                self.strings.values[path],
+                self.strings.values[path].replace(TOKEN_MARK, str(key.token)),
                 int(row[f"{p}_offset"]),
                 int(row[f"{p}_nbytes"]),
                 dtype,

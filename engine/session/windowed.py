@@ -19,8 +19,12 @@ windows in token order:
 Each window is a fresh session sharing one pairer (its weight match is computed once) and one
 job runner (one process pool). Its rows go to the report stream as the window completes and its
 results into the :class:`~.store.ResultStore`; then the window's records and results are dropped.
-Readers hand records over in index order, which is token order for a finished layerwatch dump;
-a tensor of a token whose window already closed is compared in a later window and noted.
+Readers hand records over a chunk at a time in token order (``poll_chunk``: a layerwatch index
+chunk, an msit or ATB token directory of every rank; :class:`WholeDump` for a format read
+whole). A token closes once every rank of both sides has read past it (:attr:`_Side.top`); a
+tensor of a token whose window already closed is compared in a later window and noted.
+``prepare`` changes a window's updates before they are compared: the golden spread over a
+tensor-parallel target's ranks (engine/session/ranks.py), local to a token as well.
 """
 
 from __future__ import annotations
@@ -58,9 +62,20 @@ class _Side:
     reader: ChunkReader
     buffered: dict[int, list[Any]] = field(default_factory=dict)
     """Records by token, not windowed yet."""
-    top: int = -1
-    """Highest token seen (records and token lines)."""
+    ids_top: int = -1
+    """Highest token of a token line."""
+    tops: dict[int, int] = field(default_factory=dict)
+    """Highest token of a record, by rank."""
     done: bool = False
+
+    @property
+    def top(self) -> int:
+        """The token every rank has read up to: the highest seen (records and token lines), or
+        with several ranks (a tensor-parallel dump) the lowest of their highest, so no rank's
+        tensors of a token arrive after its window closed."""
+        if len(self.tops) > 1:
+            return min(self.tops.values())
+        return max(self.ids_top, max(self.tops.values(), default=-1))
 
 
 def windows(
@@ -83,11 +98,14 @@ def windows(
             if update is None:
                 side.done = True
                 continue
+            tops = side.tops
             for record in update.tensors:
-                side.buffered.setdefault(record.key.token, []).append(record)
-                side.top = max(side.top, record.key.token)
+                key = record.key
+                side.buffered.setdefault(key.token, []).append(record)
+                if key.token > tops.get(key.rank, -1):
+                    tops[key.rank] = key.token
             if update.token_ids:
-                side.top = max(side.top, max(update.token_ids))
+                side.ids_top = max(side.ids_top, max(update.token_ids))
             held = extra[name]
             held.topology = update.topology or held.topology
             held.weights.update(update.weights)
@@ -100,8 +118,15 @@ def windows(
         ready = sorted(
             t for t in {t for s in sides.values() for t in s.buffered} if upto is None or t <= upto
         )
-        size = sum(len(sides["golden"].buffered.get(t, ())) for t in ready)
-        if ready and (finished or size >= window):
+        while ready:
+            # A side read whole (or a big chunk) leaves many tokens ready: a window at a time.
+            size, take = 0, 0
+            while take < len(ready) and size < window:
+                size += max(len(s.buffered.get(ready[take], ())) for s in sides.values())
+                take += 1
+            if size < window and not finished:
+                break
+            chosen, ready = ready[:take], ready[take:]
             out = {}
             for name, side in sides.items():
                 update = ReaderUpdate(
@@ -111,16 +136,16 @@ def windows(
                     notes=extra[name].notes,
                 )
                 extra[name].notes = []
-                for token in ready:
+                for token in chosen:
                     update.tensors.extend(side.buffered.pop(token, ()))
                 out[name] = update
-            late = [t for t in ready if t <= closed]
+            late = [t for t in chosen if t <= closed]
             if late:
                 out["golden"].notes.append(
                     f"tensors of token {late[0]} came after its window was compared: "
                     "compared on their own (is the index out of token order?)"
                 )
-            closed = max(closed, ready[-1])
+            closed = max(closed, chosen[-1])
             for side in sides.values():
                 forget = getattr(side.reader, "forget_before", None)
                 if forget is not None:
@@ -128,6 +153,20 @@ def windows(
             yield out
         if finished and not any(s.buffered for s in sides.values()):
             return
+
+
+class WholeDump:
+    """A chunk reader over a dump that is read whole (msprobe numbers its calls across a whole
+    step in one ``dump.json``, so no token can be read alone): its one update, then None. The
+    records stay until their window is compared; only one window's pairs and results live at a
+    time, and every judged pair goes to the store like a chunked dump's."""
+
+    def __init__(self, update: ReaderUpdate) -> None:
+        self._update: ReaderUpdate | None = update
+
+    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
+        update, self._update = self._update, None
+        return update
 
 
 class WindowedRun:
@@ -203,6 +242,10 @@ class WindowedRun:
             not_compared_pairs=old.not_compared_pairs + found.not_compared_pairs,
         )
 
+    def note(self, text: str) -> None:
+        """A note of the whole run (after the windows' own)."""
+        self._notes.setdefault(text)
+
     # --- the session's face -------------------------------------------------------------------
     @property
     def summary(self) -> Summary:
@@ -240,9 +283,12 @@ def compare_windows(
     progress: Callable[[int, int], None] | None = None,
     window: int | None = None,
     run: WindowedRun | None = None,
+    prepare: Callable[[ReaderUpdate, ReaderUpdate], None] | None = None,
 ) -> WindowedRun:
     """Compare two finished dumps window by window; rows go to ``sink`` as each completes.
-    ``run``: where the merged results go (a caller stopped part-way still has what landed)."""
+    ``run``: where the merged results go (a caller stopped part-way still has what landed);
+    ``prepare``: changes a window's golden and target updates in place before they are
+    compared (the golden spread over a tensor-parallel target's ranks, engine/session/ranks.py)."""
     run = run if run is not None else WindowedRun()
     first: CompareSession | None = None
     done = 0
@@ -260,6 +306,8 @@ def compare_windows(
             else:  # one weight match, one process pool for the whole run
                 session.pairer = first.pairer
                 session.runner = first.runner
+            if prepare is not None:
+                prepare(updates["golden"], updates["target"])
             session.compare_finished(
                 updates["golden"], updates["target"], _offset(progress, done) if progress else None
             )

@@ -25,6 +25,7 @@ bytes a pair only — seconds are too noisy on shared runners.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -48,6 +49,7 @@ LAYER_OPS = (
 )
 """Leaf operators of one decoder layer; each dumps ``input_0`` and ``output`` (18 tensors)."""
 ELEMENTS = 16
+FORMATS = ("layerwatch", "msit", "atb", "msprobe")
 
 
 def nodes_for(tensors: int) -> list[tuple[str, str]]:
@@ -201,15 +203,202 @@ def _stats(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def make_pair(work: Path, tokens: int, tensors: int, noise: float = 1e-7) -> tuple[Path, Path, int]:
-    """Golden and target dumps (cached by size); returns their paths and the pair count."""
-    base = work / f"t{tokens}x{tensors}n{noise:g}"
+def write_msit_dump(
+    rank_dir: Path,
+    tokens: int,
+    tensors: int,
+    *,
+    noise: float,
+    seed: int,
+    faults: tuple[tuple[int, int], ...] = (),
+    diverge_at: int | None = None,
+    link: bool = False,
+) -> int:
+    """One msit rank directory (``{token}/{node}/{stem}.pth`` written by ``torch.save``,
+    ``model_tree.json``, as ``capture/msit_writer.py`` lays it out) of ``tokens`` × ~``tensors``
+    tensors; returns the tensors written. The first node is the embedding, whose ``input_0``
+    holds the token's input id (msit's readers take the ids from it).
+
+    ``faults``/``diverge_at``: as :func:`write_dump`. ``link``: every token after the first
+    hard-links the first token's files (same values, far faster to write at a million pairs;
+    each token still has its own directories and paths, as msit writes them)."""
+    import torch
+
+    nodes = [("root.model.embed_tokens", "Embedding"), *nodes_for(tensors - 2)]
+    layers: dict[str, list[dict[str, object]]] = {}
+    for name, kind in nodes[1:]:
+        layers.setdefault(".".join(name.split(".")[:4]), []).append(
+            {"name": name, "type": kind, "children": []}
+        )
+    model = [{"name": nodes[0][0], "type": "Embedding", "children": []}]
+    model.append(
+        {
+            "name": "root.model.layers",
+            "type": "ModuleList",
+            "children": [
+                {"name": layer, "type": "LlamaDecoderLayer", "children": ops}
+                for layer, ops in layers.items()
+            ],
+        }
+    )
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    tree = {
+        "name": "root",
+        "type": "LlamaForCausalLM",
+        "children": [{"name": "root.model", "type": "LlamaModel", "children": model}],
+    }
+    (rank_dir / "model_tree.json").write_text(json.dumps(tree))
+    golden = np.random.default_rng(1234)
+    perturb = np.random.default_rng(seed)
+    count = 0
+    for token in range(tokens):
+        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
+        if noise:  # not the embedding's: a gather adds no rounding (its local verdict says so)
+            values[1:] *= 1 + noise * perturb.standard_normal(values[1:].shape, dtype=np.float32)
+        for at, node in faults:
+            if token >= at:
+                values[node, 1] *= 1.1
+        ids = token + (1000 if diverge_at is not None and token >= diverge_at else 0)
+        for i, (name, _) in enumerate(nodes):  # execution order: file times follow it
+            folder = rank_dir / str(token) / name
+            folder.mkdir(parents=True)
+            for j, stem in enumerate(("input_0", "output")):
+                path = folder / f"{stem}.pth"
+                if link and token:
+                    os.link(rank_dir / "0" / name / path.name, path)
+                elif i == 0 and j == 0:
+                    torch.save(torch.tensor([[ids]], dtype=torch.int64), path)
+                else:
+                    torch.save(torch.from_numpy(values[i, j].copy()), path)
+                count += 1
+    return count
+
+
+def link_token(rank_dir: Path, token: int) -> None:
+    """Token ``token`` as hard links to token 0's files (its own directories and paths)."""
+    first = rank_dir / "0"
+    for folder, _dirs, files in os.walk(first):
+        into = rank_dir / str(token) / Path(folder).relative_to(first)
+        into.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            os.link(Path(folder) / name, into / name)
+
+
+def write_atb_dump(
+    dump_dir: Path,
+    tokens: int,
+    tensors: int,
+    *,
+    noise: float,
+    seed: int,
+    faults: tuple[tuple[int, int], ...] = (),
+    link: bool = False,
+) -> int:
+    """An ATB dump (``tensors/{device}_{pid}/{executeCount}/{order}_{Op}/…/{before|after}/``
+    ``.bin`` files and the model json, written by tests/support/atb.py as the CANN probe lays
+    them out) of ``tokens`` × ~``tensors`` tensors: one ``Decoder`` op a layer holding its
+    operators, each with one input and one output. ``link``: tokens after the first hard-link
+    its files. Returns the tensors written."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from support.atb import Op
+    from support.atb import write_dump as write_atb
+
+    nodes = nodes_for(tensors)
+    golden = np.random.default_rng(1234)
+    perturb = np.random.default_rng(seed)
+    per_token = []
+    for token in range(1 if link else tokens):
+        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
+        if noise:
+            values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
+        for at, node in faults:
+            if token >= at:
+                values[node, 1] *= 1.1
+        layers: dict[str, list[Op]] = {}
+        for i, (name, kind) in enumerate(nodes):
+            op = Op(f"{kind}Operation", inputs=[values[i, 0]], outputs=[values[i, 1]])
+            layers.setdefault(name.split(".")[3], []).append(op)
+        per_token.append([Op("Decoder", children=ops) for ops in layers.values()])
+    write_atb(dump_dir, per_token)
+    rank_dir = dump_dir / "tensors" / "0_4242"
+    for token in range(1, tokens if link else 0):
+        link_token(rank_dir, token)
+    return 2 * len(nodes) * tokens
+
+
+def write_msprobe_dump(
+    step_dir: Path,
+    tokens: int,
+    tensors: int,
+    *,
+    noise: float,
+    seed: int,
+    faults: tuple[tuple[int, int], ...] = (),
+) -> int:
+    """An msprobe statistics dump (``proc0/dump.json`` + ``construct.json``, task
+    ``statistics``, level ``L0``) of ``tokens`` forwards × ~``tensors`` tensors: every operator
+    a module inside the top-level ``model`` module, whose repeat closes a token (how
+    engine/readers/msprobe.py rebuilds tokens). msprobe writes one file a step, so it is read
+    whole. Returns the tensors written."""
+    nodes = nodes_for(tensors)
+    golden = np.random.default_rng(1234)
+    perturb = np.random.default_rng(seed)
+    data: dict[str, object] = {}
+    construct: dict[str, str | None] = {}
+
+    def stats(v: np.ndarray) -> dict[str, object]:
+        return {
+            "type": "torch.Tensor", "dtype": "torch.float32", "shape": [ELEMENTS],
+            "Max": float(v.max()), "Min": float(v.min()), "Mean": float(v.mean()),
+            "Norm": float(np.linalg.norm(v)), "requires_grad": False,
+        }  # fmt: skip
+
+    for token in range(tokens):
+        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
+        if noise:
+            values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
+        for at, node in faults:
+            if token >= at:
+                values[node, 1] *= 1.1
+        top = f"Module.model.LlamaModel.forward.{token}"
+        for i, (name, kind) in enumerate(nodes):
+            entry = f"Module.{name.removeprefix('root.')}.{kind}.forward.{token}"
+            data[entry] = {"input_args": [stats(values[i, 0])], "output": [stats(values[i, 1])]}
+            construct[entry] = top
+        data[top] = {"input_args": [], "output": []}
+        construct[top] = None
+    rank_dir = step_dir / "step0" / "proc0"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    head = {"task": "statistics", "level": "L0", "framework": "pytorch", "dump_data_dir": None}
+    (rank_dir / "dump.json").write_text(json.dumps({**head, "data": data}))
+    (rank_dir / "construct.json").write_text(json.dumps(construct))
+    return 2 * len(nodes) * tokens
+
+
+def make_pair(
+    work: Path, tokens: int, tensors: int, noise: float = 1e-7, fmt: str = "layerwatch"
+) -> tuple[Path, Path, int]:
+    """Golden and target dumps (cached by size and format); returns their paths and the pair
+    count. ``fmt``: ``layerwatch`` or ``msit`` (its per-token directories)."""
+    base = work / f"{'' if fmt == 'layerwatch' else fmt + '-'}t{tokens}x{tensors}n{noise:g}"
     done = base / "pairs"
     if done.is_file():
         return base / "golden", base / "target", int(done.read_text())
     shutil.rmtree(base, ignore_errors=True)
-    n = write_dump(base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1)
-    write_dump(base / "target" / "cpu_2", tokens, tensors, noise=noise, seed=2)
+    if fmt == "msit":
+        n = write_msit_dump(
+            base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1, link=True
+        )
+        write_msit_dump(base / "target" / "cpu_2", tokens, tensors, noise=noise, seed=2, link=True)
+    elif fmt == "atb":
+        n = write_atb_dump(base / "golden", tokens, tensors, noise=0.0, seed=1, link=True)
+        write_atb_dump(base / "target", tokens, tensors, noise=noise, seed=2, link=True)
+    elif fmt == "msprobe":
+        n = write_msprobe_dump(base / "golden", tokens, tensors, noise=0.0, seed=1)
+        write_msprobe_dump(base / "target", tokens, tensors, noise=noise, seed=2)
+    else:
+        n = write_dump(base / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1)
+        write_dump(base / "target" / "cpu_2", tokens, tensors, noise=noise, seed=2)
     done.write_text(str(n))
     return base / "golden", base / "target", n
 
@@ -260,6 +449,30 @@ sys.exit(rc)
 """Runs the CLI and prints its own peak RSS (``VmHWM``, kB): a child's ``ru_maxrss`` would count
 the bench's own pages from before ``exec``."""
 
+_WHOLE = """
+import sys
+from layerwatch.engine.numerics.blas import env_before_numpy
+env_before_numpy()
+from layerwatch.engine.outcome import write_report
+from layerwatch.engine.readers import open_dump
+from layerwatch.engine.session.core import CompareSession
+golden, target, report = sys.argv[1:4]
+session = CompareSession(jobs=0, side_stats=True)
+try:
+    session.compare_finished(
+        open_dump(golden, side="golden").poll(None, final=True),
+        open_dump(target, side="target").poll(None, final=True),
+    )
+finally:
+    session.close()
+write_report(report, session)
+with open("/proc/self/status") as fh:
+    hwm = next(line for line in fh if line.startswith("VmHWM"))
+sys.stderr.write("\\n@@" + hwm.split()[1] + "\\n")
+"""
+"""The whole-run compare every format but layerwatch took before windows (one session holding
+every record and result, the report written at the end): the "before" of ``--before``."""
+
 
 def run_compare(
     golden: Path,
@@ -268,11 +481,16 @@ def run_compare(
     *extra: str,
     spill: str = "auto",
     byte_chunks: bool = False,
+    whole: bool = False,
 ) -> Figures:
-    """``layerwatch compare`` in a fresh process; its own peak RSS. ``byte_chunks``: windows
-    read the way they were before the column index (for same-run ratios)."""
-    cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
-    cmd += ["-o", str(report), *extra]
+    """``layerwatch compare`` in a fresh process (``whole``: the whole-run session instead);
+    its own peak RSS. ``byte_chunks``: windows read the way they were before the column index
+    (for same-run ratios)."""
+    if whole:
+        cmd = [sys.executable, "-c", _WHOLE, str(golden), str(target), str(report)]
+    else:
+        cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
+        cmd += ["-o", str(report), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LAYERWATCH_SPILL": spill}
     if byte_chunks:
         env["BENCH_BYTE_CHUNKS"] = "1"
@@ -293,17 +511,19 @@ def measure(
     suffix: str = ".csv",
     spill: str = "auto",
     byte_chunks: bool = False,
+    fmt: str = "layerwatch",
+    whole: bool = False,
 ) -> dict[str, float]:
-    """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs
-    (``spill``: the store in RAM ``never``, on disk ``always``, or as the budget decides)."""
+    """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs of ``fmt``
+    dumps (``spill``: the store in RAM ``never``, on disk ``always``, or as the budget decides;
+    ``whole``: the whole-run session, the path before windows)."""
     tensors = min(tensors, pairs)
     tokens = max(1, round(pairs / (2 * len(nodes_for(tensors)))))
-    g0, t0, _ = make_pair(work, 1, tensors)
-    base = run_compare(g0, t0, work / f"base{suffix}", spill=spill, byte_chunks=byte_chunks)
-    golden, target, n = make_pair(work, tokens, tensors)
-    fig = run_compare(
-        golden, target, work / f"report{suffix}", spill=spill, byte_chunks=byte_chunks
-    )
+    how = {"spill": spill, "byte_chunks": byte_chunks, "whole": whole}
+    g0, t0, _ = make_pair(work, 1, tensors, fmt=fmt)
+    base = run_compare(g0, t0, work / f"base{suffix}", **how)
+    golden, target, n = make_pair(work, tokens, tensors, fmt=fmt)
+    fig = run_compare(golden, target, work / f"report{suffix}", **how)
     return {
         "pairs": n,
         "seconds": fig.seconds,
@@ -426,6 +646,10 @@ def main() -> None:
         help="--open-only: write the index alone, with statistics (no torch, no data files)",
     )
     parser.add_argument("--stats", action="store_true", help="statistics on every tensor line")
+    parser.add_argument("--format", default="layerwatch", choices=FORMATS)
+    parser.add_argument(
+        "--before", action="store_true", help="also the whole-run session (the path before)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/layerwatch-bench-scale"))
     args = parser.parse_args()
     if args.open_only:
@@ -438,19 +662,31 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     modes = ("never", "always") if args.spill else ("auto",)
     store = {"auto": "", "never": "  RAM", "always": "  disk"}
-    print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair" + "  store" * args.spill)
+    variants = [("windows", False, False)]
+    variants += [("byte-chunk windows", True, False)] if args.byte_chunks else []
+    variants += [("whole run", False, True)] if args.before else []
+    print(f"{args.format} dumps")
+    print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair  path")
     for pairs in sizes:
         got = {}
         for mode in modes:
-            for byte_chunks in (False, True) if args.byte_chunks else (False,):
-                f = measure(args.work, pairs, args.tensors, args.suffix, mode, byte_chunks)
-                if not byte_chunks:
+            for label, byte_chunks, whole in variants:
+                f = measure(
+                    args.work,
+                    pairs,
+                    args.tensors,
+                    args.suffix,
+                    mode,
+                    byte_chunks,
+                    args.format,
+                    whole,
+                )
+                if label == "windows":
                     got[mode] = f
                 print(
                     f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
                     f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
-                    f"{f['bytes_per_pair']:8.0f}{store[mode]}"
-                    + ("  (byte-chunk windows)" if byte_chunks else ""),
+                    f"{f['bytes_per_pair']:8.0f}    {label}{store[mode]}",
                     flush=True,
                 )
         if args.spill:
