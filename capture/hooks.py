@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import cases
+from . import cases, heap
 from . import format as fmt
 from .collectives import CollectivePatch, RankInfo, rank_info
 from .config import DumpConfig
@@ -53,8 +53,11 @@ class HookHandle:
         self._handles = handles
         self.run_dir = run_dir
         """The directory this capture writes (``{device}_{pid}``), ``None`` if it captures nothing."""
+        self._holds_heap = False
+        """This capture froze the heap (``capture/heap.py``): it thaws it when it closes."""
         if writer is not None:
             _OPEN.add(self)
+            self._holds_heap = heap.hold()
 
     def remove(self) -> None:
         """Remove every hook: the model runs exactly as before. Queued tensors are still written."""
@@ -74,6 +77,9 @@ class HookHandle:
         if self._writer is not None:
             self._writer.close()
         _OPEN.discard(self)
+        if self._holds_heap:
+            self._holds_heap = False
+            heap.release()
 
     @property
     def on_disk(self) -> bool:
@@ -273,6 +279,7 @@ def _forget_in_child() -> None:
             handle._writer.queue.drain()
             handle._writer._closed = True
     _OPEN.clear()
+    heap.forget()  # the child keeps the frozen heap (no copy-on-write of it) as its own
 
 
 atexit.register(_close_all)

@@ -62,11 +62,32 @@ def head_text(node: str, stem: str, node_type: str) -> str:
     return head
 
 
+_FINITE_TAIL = (
+    '"dtype":"%s","shape":[%s],"file":"%s","begin":%d,"end":%d,"stats":' + _FINITE_STATS + "}\n"
+)
+
+
 def tail_text(src: TensorItem) -> str:
     """The end of a tensor line that every alias of ``src`` shares, cached on ``src``."""
+    st = src.stats
+    if st is not None:  # finite statistics (nearly all): one format for the whole tail
+        mx, mn, mean, norm, nan, inf = st
+        if not nan and not inf and _LOW < mn <= mx < _HIGH and _LOW < mean < _HIGH and norm < _HIGH:
+            tail = src.tail = _FINITE_TAIL % (
+                src.dtype_name,
+                shape_text(src.shape),
+                src.file,
+                src.begin,
+                src.end,
+                mx,
+                mn,
+                mean,
+                norm,
+            )
+            return tail
     tail = src.tail = (
         f'"dtype":"{src.dtype_name}","shape":[{shape_text(src.shape)}],"file":"{src.file}",'
-        f'"begin":{src.begin},"end":{src.end},"stats":{stats_text(src.stats)}}}\n'
+        f'"begin":{src.begin},"end":{src.end},"stats":{stats_text(st)}}}\n'
     )
     return tail
 

@@ -49,7 +49,9 @@ for _name, _code in (
 JOIN_BELOW = 1 << 16
 """Payloads smaller than this are copied into one joined buffer per run of them (a copy of a
 few KiB costs less than handing the kernel one more ``iovec`` from Python)."""
-_quote = json.encoder.encode_basestring_ascii  # the C encoder ``json.dumps`` uses for a str
+quote = json.encoder.encode_basestring_ascii
+"""A str as a JSON string (the C encoder ``json.dumps`` uses)."""
+_quote = quote
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -73,25 +75,57 @@ def write_batch_file(path: Path, entries: list[tuple[str, Any, Any, Any]]) -> in
 
     Returns the absolute offset of the first payload; payload ``i`` starts at that offset plus
     the sizes of the payloads before it.
-
-    Built for thousands of small tensors a file: the header is formatted as text (the shape
-    strings are cached, names escaped by the C encoder) and consecutive small payloads are
-    joined into one buffer, so the file takes a handful of ``writev`` calls and no per-tensor
-    ``memoryview``; large payloads are written from their own memory, never copied.
     """
     parts: list[str] = []
+    views: list[Any] = []
     offset = 0
-    buffers: list[Any] = []
-    small: list[Any] = []
     for name, dtype, shape, data in entries:
         view = payload_view(data)
-        size = view.nbytes
+        end = offset + view.nbytes
         parts.append(
             f'{_quote(name)}:{{"dtype":"{SAFETENSORS_DTYPE[dtype]}","shape":[{shape_text(shape)}],'
-            f'"data_offsets":[{offset},{offset + size}]}}'
+            f'"data_offsets":[{offset},{end}]}}'
         )
-        offset += size
-        if size < JOIN_BELOW:
+        views.append(view)
+        offset = end
+    return write_batch_parts(path, parts, views)
+
+
+_MIDS: dict[tuple[str, str, Any, Any], str] = {}
+"""(node, stem, dtype, shape) -> the middle of its header entry: the same keys every token."""
+_MIDS_MAX = 1 << 16
+
+
+def tensor_entry(token: int, node: str, stem: str, dtype: Any, shape: Any, begin: int) -> str:
+    """The header entry of tensor ``{token}/{node}/{stem}`` (``capture/format.py``'s name) whose
+    payload starts at ``begin`` (relative to the payloads), ending in ``"data_offsets":[begin,``:
+    the caller appends ``end]}``. All but the numbers is cached per key for the run."""
+    key = (node, stem, dtype, shape)
+    mid = _MIDS.get(key)
+    if mid is None:
+        if len(_MIDS) >= _MIDS_MAX:  # growing sequence lengths: keep the cache bounded
+            _MIDS.clear()
+        # the name's token is digits: quoting "/node/stem" alone escapes the same characters
+        mid = _MIDS[key] = (
+            f'{_quote(f"/{node}/{stem}")[1:]}:{{"dtype":"{SAFETENSORS_DTYPE[dtype]}",'
+            f'"shape":[{shape_text(shape)}],"data_offsets":['
+        )
+    return f'"{token}{mid}{begin},'
+
+
+def write_batch_parts(path: Path, parts: list[str], views: list[Any]) -> int:
+    """Write a safetensors file from its header entries (``"name":{...}`` each, offsets
+    relative to the payloads) and the payloads' raw bytes in the same order; returns the
+    absolute offset of the first payload.
+
+    Built for thousands of small tensors a file: consecutive small payloads are joined into
+    one buffer, so the file takes a handful of ``writev`` calls and no per-tensor
+    ``memoryview``; large payloads are written from their own memory, never copied.
+    """
+    buffers: list[Any] = []
+    small: list[Any] = []
+    for view in views:
+        if view.nbytes < JOIN_BELOW:
             small.append(view)
         else:
             if small:

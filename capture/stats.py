@@ -20,6 +20,7 @@ hides a non-finite value.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -70,11 +71,7 @@ def batch_stats(datas: Sequence[Any], dtypes: Sequence[torch.dtype]) -> list[Sta
             groups.setdefault(key, []).append(i)
     found: list[tuple[int, list[float]]] = []
     if host_small:
-        found += zip(
-            host_small,
-            _host_segmented([datas[i] for i in host_small], [dtypes[i] for i in host_small]),
-            strict=True,
-        )
+        _finish_host(rows, host_small, datas, dtypes)
     for idx in groups.values():
         small = [i for i in idx if isinstance(datas[i], Tensor) and datas[i].numel() < SMALL]
         chosen = set(small)
@@ -103,8 +100,40 @@ _WIDEN = frozenset(
 )
 
 
-def _host_segmented(arrays: list[np.ndarray], dtypes: list[torch.dtype]) -> list[list[float]]:
-    """``[max, min, sum, sum of squares]`` per small host array; sums accumulate in float64."""
+def _finish_host(
+    rows: list[StatsRow | None],
+    idx: list[int],
+    datas: Sequence[Any],
+    dtypes: Sequence[torch.dtype],
+) -> None:
+    """Rows of the small host arrays ``idx``: mean and norm for all of them in a few array
+    operations (the same float64 division and square root the per-row path does), rows that
+    are not finite redone exactly."""
+    sums, sizes = _host_segmented([datas[i] for i in idx], [dtypes[i] for i in idx])
+    total, sumsq = sums[:, 2], sums[:, 3]
+    with np.errstate(all="ignore"):
+        good = (np.isfinite(total) & np.isfinite(sumsq)).tolist()
+        mean = total / np.asarray(sizes, dtype=np.float64)
+        norm = np.sqrt(np.maximum(sumsq, 0.0))
+    zero = itertools.repeat(0)  # nan, inf: a finite row counts none
+    done = zip(
+        sums[:, 0].tolist(),
+        sums[:, 1].tolist(),
+        mean.tolist(),
+        norm.tolist(),
+        zero,
+        zero,
+        strict=False,
+    )
+    for i, row, ok in zip(idx, done, good, strict=True):
+        rows[i] = row if ok else exact_stats(as_torch(datas[i], dtypes[i]))
+
+
+def _host_segmented(
+    arrays: list[np.ndarray], dtypes: list[torch.dtype]
+) -> tuple[np.ndarray, list[int]]:
+    """``[k, 4]`` float64 rows of max, min, sum, sum of squares per small host array (sums
+    accumulate in float64), and the arrays' sizes."""
     if _WIDEN.isdisjoint(dtypes):
         flats = arrays
     else:
@@ -128,7 +157,7 @@ def _host_segmented(arrays: list[np.ndarray], dtypes: list[torch.dtype]) -> list
             ],
             axis=1,
         )
-    return out.tolist()
+    return out, sizes
 
 
 def _device_segmented(tensors: list[Tensor]) -> Tensor:

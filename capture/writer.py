@@ -28,12 +28,15 @@ from . import keep
 from .config import DumpConfig
 from .errors import LayerwatchError
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
-from .index_lines import HEADS, head_text, tail_text, tensor_line
+from .index_lines import HEADS, head_text, shape_text, tail_text, tensor_line
 from .safetensors_file import (
     DTYPE_NAMES,
     SAFETENSORS_DTYPE,
     dtype_name,
-    write_batch_file,
+    payload_view,
+    quote,
+    tensor_entry,
+    write_batch_parts,
     write_json_fast,
 )
 from .stats import batch_stats
@@ -207,29 +210,35 @@ class LayerwatchWriter(WriterThread):
                 keep.remove(self.run_dir, rel)
 
     def _write_data_file(self, payload: list[Any]) -> None:
-        entries = []
-        for it in payload:
+        parts: list[str] = []
+        views: list[Any] = []
+        offset = 0
+        ndarray = np.ndarray
+        for it in payload:  # offsets relative to the payloads first: the header's size is unknown
+            data = it.tensor
+            view = data if type(data) is ndarray else payload_view(data)
+            end = offset + view.nbytes
             if type(it) is WeightItem:
-                entries.append(
-                    (
-                        f"weights/{it.node}.{it.param}",
-                        it.tensor.dtype,
-                        tuple(it.tensor.shape),
-                        it.tensor,
-                    )
+                parts.append(
+                    f'{quote(f"weights/{it.node}.{it.param}")}:{{"dtype":'
+                    f'"{SAFETENSORS_DTYPE[data.dtype]}","shape":[{shape_text(data.shape)}],'
+                    f'"data_offsets":[{offset},{end}]}}'
                 )
             else:
-                entries.append(
-                    (fmt.tensor_name(it.token, it.node, it.stem), it.dtype, it.shape, it.tensor)
+                parts.append(
+                    f"{tensor_entry(it.token, it.node, it.stem, it.dtype, it.shape, offset)}{end}]}}"
                 )
+            views.append(view)
+            it.begin, it.end = offset, end
+            offset = end
         rel = fmt.data_file_name(self.seq)
         self.seq += 1
-        begin = write_batch_file(self.run_dir / rel, entries)
+        base = write_batch_parts(self.run_dir / rel, parts, views)
         for it in payload:
             it.file = rel
-            it.begin = begin
-            it.end = begin = begin + it.nbytes
-        self.bytes_written += begin
+            it.begin += base
+            it.end += base
+        self.bytes_written += base + offset
 
     def append_index(self, text: str) -> None:
         """Append complete lines with one write; undo a short write so no half line stays."""

@@ -12,19 +12,21 @@ first failing case, with its ``case``), ``rows`` (each with its ``case``), and `
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
+from layerwatch.capture.atomic import replacing
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, write_object_report
+from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, report_format
 from layerwatch.engine.readers.base import ReaderUpdate
 from layerwatch.engine.records import TensorKey
-from layerwatch.engine.report import CSV_COLUMNS, csv_row, json_report
+from layerwatch.engine.report import CSV_COLUMNS, csv_row, json_report, json_row
 
 CASE, CASE_END = "case", "case_end"
 
@@ -136,46 +138,24 @@ class CaseResult:
 def compare_cases(
     updates: dict[str, ReaderUpdate], make_session: Callable[[], Any]
 ) -> list[CaseResult]:
-    """One session per paired case (``make_session`` builds each with the command's options)."""
+    """One session per paired case (``make_session`` builds each with the command's options);
+    each case keeps its results (the TUI's cases list opens them)."""
     whole = {side: spans(u.case_marks) or [CaseSpan("0", 0, None)] for side, u in updates.items()}
     out = []
     for key, gc, tc in pair_cases(whole["golden"], whole["target"]):
         if gc is None or tc is None:
             out.append(CaseResult(key, "unpaired"))
-            continue
-        session = make_session()
-        try:
-            session.add_update("golden", slice_update(updates["golden"], gc))
-            session.add_update("target", slice_update(updates["target"], tc))
-            for side in ("golden", "target"):
-                session.finish(side)
-            session.flush()
-            results = session.results()
-            report = json_report(
-                results,
-                session.summary,
-                session.first_failure,
-                session.root_cause,
-                session.first_bad_token,
-            )
-        finally:
-            session.close()
-        s = session.summary
-        verdict = "fail" if s.failed or s.error else "diverged" if s.diverged else "pass"
-        if not results:
-            verdict = "empty"
-        out.append(CaseResult(key, verdict, report, results))
+        else:
+            out.append(_compare_case(key, gc, tc, updates, make_session))
     return out
 
 
 def report_object(cases: Sequence[CaseResult]) -> dict[str, Any]:
+    """The per-case JSON object but its rows (:func:`stream_cases` writes them in place)."""
     totals: dict[str, int] = {}
-    rows = []
     for case in cases:
         for name, value in case.report.get("summary", {}).items():
             totals[name] = totals.get(name, 0) + value
-        for row in case.report.get("rows", ()):
-            rows.append({"case": case.key, **row})
     bad = [c for c in cases if c.verdict == "fail"]
     first = bad[0].report if bad else {}
 
@@ -187,7 +167,7 @@ def report_object(cases: Sequence[CaseResult]) -> dict[str, Any]:
         "first_failure": tagged(first.get("first_failure")),
         "root_cause": tagged(first.get("root_cause")),
         "first_bad_token": first.get("first_bad_token"),
-        "rows": rows,
+        "rows": [],
         "cases": [c.to_json() for c in cases],
     }
 
@@ -205,31 +185,118 @@ def summary_lines(cases: Sequence[CaseResult]) -> list[str]:
     return lines
 
 
-def conclude_cases(
-    cases: Sequence[CaseResult], out: TextIO, *, output: str | None, as_json: bool
+def stream_cases(
+    updates: dict[str, ReaderUpdate],
+    make_session: Callable[[], Any],
+    out: TextIO,
+    *,
+    output: str | None,
+    as_json: bool,
 ) -> int:
-    """Report file, stdout and exit code for a per-case comparison (0 clean, 1 a failing case)."""
-    if not any(c.results for c in cases):
-        raise LayerwatchError("nothing to compare: no case has tensors on both sides")
-    obj = report_object(cases)
-    if output:
-        _write(Path(output), obj, cases)
+    """Report file, stdout and exit code of a per-case comparison (0 clean, 1 a failing case),
+    each case's rows written as the case is judged and then dropped: a headless compare of many
+    cases holds one case's results at a time, not every row of every case (``-o``'s CSV/JSONL
+    rows go straight to the file; JSON's, which follow the totals, wait in a temporary file)."""
+    kind = report_format(output) if output else ""
+    try:
+        return _stream_cases(updates, make_session, out, output=output, kind=kind, as_json=as_json)
+    except OSError as exc:
+        raise LayerwatchError(f"{output}: cannot write the report: {exc.strerror}") from None
+
+
+def _stream_cases(
+    updates: dict[str, ReaderUpdate],
+    make_session: Callable[[], Any],
+    out: TextIO,
+    *,
+    output: str | None,
+    kind: str,
+    as_json: bool,
+) -> int:
+    whole = {side: spans(u.case_marks) or [CaseSpan("0", 0, None)] for side, u in updates.items()}
+    cases: list[CaseResult] = []
+    rows = 0
+    with contextlib.ExitStack() as stack:
+        fh = None
+        if output:
+            tmp = stack.enter_context(replacing(output))
+            fh = stack.enter_context(open(tmp, "w", encoding="utf-8", newline=""))
+        writer = csv.writer(fh, lineterminator="\n") if fh is not None and kind == "csv" else None
+        if writer is not None:
+            writer.writerow(["case", *CSV_COLUMNS])
+        held = None  # the JSON object's rows, each indented as json.dumps(obj, indent=1) would
+        if as_json or kind == "json":
+            held = stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8"))
+        for key, gc, tc in pair_cases(whole["golden"], whole["target"]):
+            if gc is None or tc is None:
+                cases.append(CaseResult(key, "unpaired"))
+                continue
+            case = _compare_case(key, gc, tc, updates, make_session)
+            for result in case.results:
+                row = {"case": key, **json_row(result)}
+                if writer is not None:
+                    writer.writerow([key, *csv_row(result, rows)])
+                elif fh is not None and kind == "jsonl":
+                    fh.write(json.dumps(row) + "\n")
+                if held is not None:
+                    text = json.dumps(row, indent=1).replace("\n", "\n  ")
+                    held.write(("" if not rows else ",\n") + "  " + text)
+                rows += 1
+            case.results = [None] * len(case.results)  # only whether it had any is kept
+            cases.append(case)
+        if not rows:
+            raise LayerwatchError("nothing to compare: no case has tensors on both sides")
+        obj = report_object(cases)
+        text = _with_rows(json.dumps({**obj, "rows": [_ROWS]}, indent=1), held)
+        if fh is not None:
+            if kind == "json":
+                fh.write(text + "\n")
+            elif kind == "jsonl":
+                fh.write(json.dumps({k: v for k, v in obj.items() if k != "rows"}) + "\n")
     if as_json:
-        out.write(json.dumps(obj, indent=1) + "\n")
+        out.write(text + "\n")
     elif not output:
         out.write("\n".join(summary_lines(cases)) + "\n")
     out.flush()
     return EXIT_FINDING if obj["summary"]["bad_cases"] else EXIT_OK
 
 
-def _write(path: Path, obj: dict[str, Any], cases: Sequence[CaseResult]) -> None:
-    def rows(out: TextIO) -> None:
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["case", *CSV_COLUMNS])
-        n = 0
-        for case in cases:
-            for result in case.results:
-                writer.writerow([case.key, *csv_row(result, n)])
-                n += 1
+_ROWS = "\x00rows\x00"
 
-    write_object_report(path, obj, rows)
+
+def _with_rows(head: str, held: TextIO | None) -> str:
+    """The JSON object ``head`` (its rows a placeholder) with the held rows in their place."""
+    if held is None:
+        return head
+    mark = "  " + json.dumps(_ROWS)
+    before, after = head.split(mark)
+    held.seek(0)
+    return before + held.read() + after
+
+
+def _compare_case(
+    key: str,
+    gc: CaseSpan,
+    tc: CaseSpan,
+    updates: dict[str, ReaderUpdate],
+    make_session: Callable[[], Any],
+) -> CaseResult:
+    """One paired case in a session of its own: its verdict, report head and results."""
+    session = make_session()
+    try:
+        session.add_update("golden", slice_update(updates["golden"], gc))
+        session.add_update("target", slice_update(updates["target"], tc))
+        for side in ("golden", "target"):
+            session.finish(side)
+        session.flush()
+        results = session.results()
+        report = json_report(
+            (), session.summary, session.first_failure, session.root_cause, session.first_bad_token
+        )
+    finally:
+        session.close()
+    s = session.summary
+    verdict = "fail" if s.failed or s.error else "diverged" if s.diverged else "pass"
+    if not results:
+        verdict = "empty"
+    return CaseResult(key, verdict, report, results)

@@ -77,7 +77,7 @@ def compare_main(args: argparse.Namespace) -> int:
 
     from layerwatch.engine.outcome import check_report_path, conclude
     from layerwatch.engine.readers import open_dump
-    from layerwatch.engine.session.budget import Estimate, check, parse_size
+    from layerwatch.engine.session.budget import Estimate, check, parse_size, spill_dir
     from layerwatch.engine.session.core import CompareSession
 
     tokens = parse_tokens(args.tokens) if getattr(args, "tokens", None) else None
@@ -90,9 +90,11 @@ def compare_main(args: argparse.Namespace) -> int:
         return ray_compare_main(args)
     _check_path(args.golden, "golden")
     _check_path(args.target, "target")
-    from layerwatch.engine.logitscmp import compare_logits_main, is_logits_pair
+    from layerwatch.engine.readers.logitsdir import detect
 
-    if is_logits_pair(args.golden, args.target):  # msit logitscmp folders: per-case logits
+    if detect(args.golden) and detect(args.target):  # msit logitscmp folders: per-case logits
+        from layerwatch.engine.logitscmp import compare_logits_main
+
         return compare_logits_main(args)
     output = getattr(args, "output", None)
     as_json = bool(getattr(args, "json", False))
@@ -125,10 +127,10 @@ def compare_main(args: argparse.Namespace) -> int:
     empty = f"no tensors in {args.golden} and {args.target}" + (
         f" for tokens {args.tokens}" if tokens else ""
     )
-    streamable = _streamable(readers, tokens, args)
-    if streamable is not None:
-        check(streamable, limit_bytes)
-        return _compare_windowed(args, readers, make_session, keep, progress, empty)
+    chunked = _chunked(readers, tokens, args)
+    if chunked is not None:
+        plan = check(chunked[0], limit_bytes, spill_dir(output))
+        return _compare_windowed(args, chunked[1], make_session, keep, progress, empty, plan.spill)
     session = make_session()
     try:
         # Parsed here, one after the other: a second process parsing one dump in parallel saved
@@ -136,12 +138,10 @@ def compare_main(args: argparse.Namespace) -> int:
         # back), while each dump parses in ~40 ms per thousand .pth files.
         updates = {side: keep(reader.poll(None, final=True)) for side, reader in readers.items()}
         _spread_ranks(updates, args)
-        from layerwatch.engine.cases import compare_cases, conclude_cases, has_cases
+        from layerwatch.engine.cases import has_cases, stream_cases
 
         if has_cases(*updates.values()):  # several prompts in one dump: case by case
-            return conclude_cases(
-                compare_cases(updates, make_session), sys.stdout, output=output, as_json=as_json
-            )
+            return stream_cases(updates, make_session, sys.stdout, output=output, as_json=as_json)
         n = len(updates["golden"].tensors)
         check(Estimate(n, len(updates["golden"].token_ids) or 1, windowed=False), limit_bytes)
         session.compare_finished(
@@ -161,28 +161,41 @@ def compare_main(args: argparse.Namespace) -> int:
     )
 
 
-def _streamable(
+def _chunked(
     readers: dict[str, Any], tokens: TokenSelection | None, args: argparse.Namespace
-) -> Estimate | None:
-    """Both dumps are single-rank layerwatch dumps without cases or dropped files: they can be
-    compared a window of tokens at a time; the estimate of that compare's size. None: the
-    whole-run path (a tensor-parallel dump needs every rank's records to spread the golden)."""
-    from layerwatch.engine.readers.layerwatch import LayerwatchReader
+) -> tuple[Estimate, dict[str, Any]] | None:
+    """Both dumps can be compared a window of tokens at a time: (the estimate of that compare's
+    size, a chunk reader per side). layerwatch indexes are read a chunk at a time, msit and ATB
+    a token directory at a time, msprobe whole (its ``dump.json`` numbers calls over a whole
+    step) and then windowed (engine/session/windowed.py). None: the whole-run path (a
+    layerwatch dump with cases or dropped files needs every record at once; other formats)."""
     from layerwatch.engine.session.budget import Estimate
-    from layerwatch.engine.session.ranks import world_size
+    from layerwatch.engine.session.windowed import WholeDump
 
-    if not all(isinstance(r, LayerwatchReader) for r in readers.values()):
+    # By format name, not class: importing every reader would undo open_dump's per-format imports.
+    if not all(r.fmt in ("layerwatch", "msit", "atb", "msprobe") for r in readers.values()):
         return None
-    if any((world_size(path) or 1) > 1 for path in (args.golden, args.target)):
-        return None
-    scans = [r.scan_index() for r in readers.values()]
-    if any(s.cases or s.drops for s in scans):
-        return None
-    golden = scans[0]
+    sizes: dict[str, tuple[int, int]] = {}
+    for side, reader in readers.items():
+        if reader.fmt == "layerwatch":
+            scan = reader.scan_index()
+            if scan.cases or scan.drops:
+                return None
+            sizes[side] = (scan.tensors, scan.tokens)
+        elif reader.fmt in ("msit", "atb"):
+            sizes[side] = reader.count_tensors()
+    sources: dict[str, Any] = dict(readers)
+    for side, reader in readers.items():  # read whole last: a refusal above leaves it unread
+        if reader.fmt == "msprobe":
+            update = reader.poll(None, final=True)
+            sizes[side] = (len(update.tensors), len({r.key.token for r in update.tensors}))
+            sources[side] = WholeDump(update)
+    n, count = sizes["golden"]
     share = 1.0
-    if tokens is not None and golden.tokens:
-        share = sum(t in tokens for t in range(golden.tokens)) / golden.tokens
-    return Estimate(int(golden.tensors * share), golden.tokens or 1, windowed=True)
+    if tokens is not None and count:
+        share = sum(t in tokens for t in range(count)) / count
+    held = any(isinstance(s, WholeDump) for s in sources.values())
+    return Estimate(int(n * share), count or 1, windowed=True, held=held), sources
 
 
 def _compare_windowed(
@@ -192,17 +205,23 @@ def _compare_windowed(
     keep: Callable[[ReaderUpdate], ReaderUpdate],
     progress: _Progress,
     empty: str,
+    spill: Path | None = None,
 ) -> int:
     """engine/session/windowed.py: rows are written as each window of tokens is judged; a run
-    stopped part-way (Ctrl-C, a full disk) keeps them in a report marked incomplete."""
+    stopped part-way (Ctrl-C, a full disk) keeps them in a report marked incomplete.
+    ``spill``: the store's chunks go to files there (engine/session/budget.py chose it)."""
     from layerwatch.engine.outcome import ReportStream, conclude
     from layerwatch.engine.session.windowed import WindowedRun, compare_windows
 
     output = getattr(args, "output", None)
     as_json = bool(getattr(args, "json", False))
+    from layerwatch.engine.session.ranks import WindowSpread, world_size
+
     stream = ReportStream(output, sys.stdout if as_json else None)
-    chunks = {side: _Filtered(reader, keep) for side, reader in readers.items()}
-    run = WindowedRun()
+    nodes = getattr(args, "nodes", None)
+    chunks = {side: _Filtered(reader, keep, nodes) for side, reader in readers.items()}
+    spread = WindowSpread(world_size(args.target), getattr(args, "map", None))
+    run = WindowedRun(spill)
     try:
         run = compare_windows(
             chunks,
@@ -210,7 +229,10 @@ def _compare_windowed(
             stream,
             progress=progress.pairs if progress.enabled else None,
             run=run,
+            prepare=spread,
         )
+        for note in spread.notes(args.target):
+            run.note(f"target: {note}")  # as the session words a side's notes
     except KeyboardInterrupt:
         progress.clear()
         if output and stream.rows:
@@ -250,13 +272,27 @@ def _compare_windowed(
 class _Filtered:
     """A chunk reader whose updates pass through ``keep`` (``--nodes``)."""
 
-    def __init__(self, reader: Any, keep: Callable[[ReaderUpdate], ReaderUpdate]) -> None:
+    def __init__(
+        self, reader: Any, keep: Callable[[ReaderUpdate], ReaderUpdate], nodes: str | None = None
+    ) -> None:
         self.reader = reader
         self.keep = keep
+        self.nodes = nodes
+
+    def open_columns(self) -> Any:
+        """The reader's column table (engine/session/column_windows.py), ``--nodes`` applied
+        before any record is built; None when the reader has none."""
+        opener = getattr(self.reader, "open_columns", None)
+        if opener is None:
+            return None
+        table = opener()
+        return table.only_nodes(self.nodes) if self.nodes else table
 
     def poll_chunk(self, limit: int) -> ReaderUpdate | None:
         update = self.reader.poll_chunk(limit)
         return None if update is None else self.keep(update)
 
     def forget_before(self, token: int) -> None:
-        self.reader.forget_before(token)
+        forget = getattr(self.reader, "forget_before", None)
+        if forget is not None:
+            forget(token)

@@ -147,6 +147,8 @@ def run_progress_words(status: RunStatus) -> str:
         return f"running (pid {status.pid})"
     if status.state in ("exited", "crashed") and status.message:
         return status.message
+    if status.state == "waiting" and status.message.startswith("waiting"):  # not "waiting: waiting"
+        return status.message
     return f"{status.state}{': ' + status.message if status.message else ''}"
 
 

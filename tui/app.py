@@ -181,7 +181,7 @@ class LayerwatchApp(App[int]):
             "OperatorScreen": ("operator", "app"),
             "CasesScreen": ("cases", "app"),
         }.get(type(screen).__name__, ("app",))
-        for action in keys.palette_actions(scopes):
+        for action in keys.palette_actions(scopes, scan=self.model.verdict_only):
             yield SystemCommand(
                 action.help,
                 f"key: {keys.key_text(action)}",

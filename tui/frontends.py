@@ -63,6 +63,7 @@ def run_main(args: argparse.Namespace) -> int:
 
     def side(name: str, cmd: str | None, path: str | None) -> SideSpec:
         if cmd is None:
+            check_attachable(path or "")
             return attach_spec(path or "", idle_s=args.idle)
         argv: str | list[str] = cmd if args.shell else shlex.split(cmd)
         where = _launch_dir(out, name)
@@ -137,9 +138,20 @@ def scan_lines(report: Any) -> list[str]:
     return summary_lines(report)
 
 
+def check_attachable(path: str) -> None:
+    """A dump directory still to be made is waited for, but only where it can appear: when
+    neither the path nor its parent exists it is a typo, not a run that has yet to start."""
+    where = Path(path).absolute()
+    if not where.exists() and not where.parent.is_dir():
+        raise LayerwatchError(f"{path}: no such directory, nor its folder {where.parent} (a typo?)")
+
+
 def watch_main(args: argparse.Namespace) -> int:
     from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
 
+    for path in (args.golden, args.target):
+        if path is not None:
+            check_attachable(path)
     if args.target is None:  # one directory: its anomaly scan as it is written
         pipeline = scan_pipeline(attach_spec(args.golden, idle_s=args.idle), args)
         return present(pipeline, args, f"layerwatch watch · scan · {args.golden}")

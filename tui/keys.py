@@ -27,6 +27,9 @@ class Action:
     show: bool = True
     key_display: str | None = None
     palette: bool = True
+    compare_only: bool = False
+    """Means something only against a golden run (the parting step, a metric, a rank): the
+    scan grid (one run, verdicts only) neither binds, lists nor documents it."""
 
 
 ACTIONS: tuple[Action, ...] = (
@@ -78,6 +81,7 @@ ACTIONS: tuple[Action, ...] = (
         "parts",
         "Jump to the step where the outputs part (the logits that chose another token)",
         "main",
+        compare_only=True,
     ),
     Action(
         "cycle_metric",
@@ -85,6 +89,7 @@ ACTIONS: tuple[Action, ...] = (
         "metric",
         "Colour by the next metric (cos, red, max_abs, mean_rel, local)",
         "main",
+        compare_only=True,
     ),
     Action(
         "filter", "slash", "filter", "Filter columns by name (e.g. 'L1 norm')", "main", True, "/"
@@ -96,6 +101,7 @@ ACTIONS: tuple[Action, ...] = (
         "Tensor parallel: show one rank (cycles: worst of all ranks, rank 0, rank 1, …)",
         "main",
         False,
+        compare_only=True,
     ),
     Action(
         "export", "e", "export", "Export the report (CSV or JSON, as compare writes it)", "main"
@@ -164,8 +170,13 @@ SCOPE_TITLES = {
 }
 
 
-def actions(scope: str) -> list[Action]:
-    return [a for a in ACTIONS if a.scope == scope]
+COMPARE_ONLY = frozenset(a.name for a in ACTIONS if a.compare_only)
+"""Action names the scan grid turns off (``MainScreen.check_action``)."""
+
+
+def actions(scope: str, *, scan: bool = False) -> list[Action]:
+    """The actions of ``scope``; ``scan``: only those that mean something without a golden."""
+    return [a for a in ACTIONS if a.scope == scope and not (scan and a.compare_only)]
 
 
 def bindings(scope: str) -> list[Binding]:
@@ -178,11 +189,14 @@ def bindings(scope: str) -> list[Binding]:
     ]
 
 
-def palette_actions(scopes: tuple[str, ...]) -> list[Action]:
-    """Actions offered in the command palette for the screens in ``scopes``."""
+def palette_actions(scopes: tuple[str, ...], *, scan: bool = False) -> list[Action]:
+    """Actions offered in the command palette for the screens in ``scopes`` (``scan``: the
+    scan grid's, without the compare-only ones)."""
     seen: set[str] = set()
     found = []
     for a in ACTIONS:
+        if scan and a.compare_only:
+            continue
         if a.scope in scopes and a.palette and (a.scope, a.name) not in seen:
             seen.add((a.scope, a.name))
             found.append(a)

@@ -86,6 +86,8 @@ class StatusBar(TextLines):
             for run in runs:
                 text.append("\n" + run)
         text.append("\n")
+        scan = self.is_mounted and self.app.model.verdict_only  # one run scanned, no golden
+        sides = "the run" if scan else "both sides"
         if state.first_failure is not None:
             text.append(" ✖ first failure ", style="bold reverse red")
             text.append(
@@ -103,11 +105,17 @@ class StatusBar(TextLines):
         elif s.pairs:
             text.append(f" ✔ no failure in {s.pairs} pairs so far", style="green")
         elif state.done:
-            why = state.notes[-1] if state.notes else "no tensor landed on both sides"
-            text.append(" ✖ nothing to compare ", style="bold reverse yellow")
+            why = (
+                state.notes[-1]
+                if state.notes
+                else f"no tensor landed{'' if scan else ' on both sides'}"
+            )
+            text.append(
+                f" ✖ nothing to {'scan' if scan else 'compare'} ", style="bold reverse yellow"
+            )
             text.append(f" {why}")
         else:
-            text.append(" waiting for tensors from both sides…", style="dim")
+            text.append(f" waiting for tensors from {sides}…", style="dim")
         if state.stats_only_tokens:
             text.append("\n")
             text.append(" ≈ statistics only ", style="bold reverse yellow")

@@ -60,7 +60,12 @@ class CellSummary(TextLines):
         info = self.info
         text = Text(no_wrap=True, overflow="ellipsis")
         if info is None:
-            text.append("no cell yet: results appear as both runs write their tensors", style="dim")
+            if self.is_mounted and self.app.model.verdict_only:  # one run, no golden
+                text.append("no cell yet: waiting for tensors", style="dim")
+            else:
+                text.append(
+                    "no cell yet: results appear as both runs write their tensors", style="dim"
+                )
             return text
         sep = "\n" if self.tall else " · "
         text.append(f"token {info.token} · {wording.block_words(info.block)}", style="bold")

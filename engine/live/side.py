@@ -271,8 +271,9 @@ class LiveSide:
         message = self._message
         if self.gone:
             message = f"{self.spec.dir} was removed"
-        elif state == "waiting":
-            message = f"waiting for {self.spec.dir}"
+        elif state == "waiting":  # no dump yet; the directory itself may still be to come
+            where = self.spec.dir
+            message = f"waiting for {where}{'' if where.exists() else ' to appear'}"
         elif self.watcher is not None and not message and state in ("attached", "running"):
             message = self.watcher.why
         pid = self.child.pid if self.child is not None else None

@@ -19,11 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib
-
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics.local import LocalLimit, op_kind
 from layerwatch.engine.numerics.threshold_schema import (
@@ -92,6 +87,7 @@ class Thresholds:
         raw = copy.deepcopy(_default_raw())
         if path is None:
             return _parse(raw, "defaults")
+        tomllib = _toml()
         try:
             with open(path, "rb") as fh:
                 user = tomllib.load(fh)
@@ -277,6 +273,16 @@ def fmt_value(name: str, value: float) -> str:
 
 
 # -- TOML ------------------------------------------------------------------------------------
+def _toml() -> Any:
+    """The TOML parser, imported when a file is parsed (not when the parsed defaults are
+    loaded from the cache: :func:`_remembered`)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10: the same parser, as a package
+        import tomli as tomllib
+    return tomllib
+
+
 @functools.cache
 def _default_raw() -> dict[str, Any]:
     packaged = Path(__file__).parent.parent / "thresholds.toml"
@@ -290,9 +296,54 @@ def _default_raw() -> dict[str, Any]:
             .joinpath("thresholds.toml")
             .read_text(encoding="utf-8")
         )
-    raw = tomllib.loads(text)
-    validate(raw, "thresholds.toml")
+    raw = _remembered(text)
+    if raw is None:
+        raw = _toml().loads(text)
+        validate(raw, "thresholds.toml")
+        _remember(text, raw)
     return raw
+
+
+def _parsed_path(text: str) -> Path:
+    """Where the parsed packaged defaults are kept: beside the compiled metric kernel
+    (numerics/fused.py ``cache_dir``), named by the text's CRC and length and the Python."""
+    import zlib
+
+    from layerwatch.engine.numerics.fused import cache_dir
+
+    data = text.encode()
+    crc = zlib.crc32(data)
+    version = f"{sys.version_info[0]}{sys.version_info[1]}"
+    return cache_dir() / f"thresholds-{crc:08x}-{len(data)}-py{version}.marshal"
+
+
+def _remembered(text: str) -> dict[str, Any] | None:
+    """The packaged defaults as parsed and validated by an earlier process, or None. Parsing
+    the TOML cost 7–11 ms of every compare's start-up (pure-Python ``tomllib``); ``marshal``
+    loads the same plain dict (str, int, float, bool, list, dict) in ~0.1 ms."""
+    import marshal
+
+    try:
+        raw = marshal.loads(_parsed_path(text).read_bytes())
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _remember(text: str, raw: dict[str, Any]) -> None:
+    """Keep the parsed defaults for later processes (best effort: a read-only cache only means
+    the next process parses again)."""
+    import marshal
+
+    from layerwatch.capture.atomic import replacing
+
+    path = _parsed_path(text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(path, unique=True) as tmp:
+            Path(tmp).write_bytes(marshal.dumps(raw))
+    except (OSError, ValueError):
+        pass
 
 
 @functools.cache

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,8 @@ def resolve(path: str | os.PathLike[str]) -> Path:
 
 
 def _detect_here(p: Path) -> str | None:
-    from layerwatch.engine.readers import atb, layerwatch, msit, msit_manual, msprobe
+    # each format's module is imported when its turn comes (a compare imports only its own)
+    from layerwatch.engine.readers import layerwatch, msprobe
 
     if p.is_file():
         return "msprobe" if p.name == msprobe.DUMP else None
@@ -84,13 +86,29 @@ def _detect_here(p: Path) -> str | None:
         return "layerwatch"
     if msprobe.locate(p) is not None:
         return "msprobe"
+    from layerwatch.engine.readers import msit
+
     if msit.locate(p) is not None:
         return "msit"
+    from layerwatch.engine.readers import atb
+
     if atb.locate(p) is not None:
         return "atb"
+    from layerwatch.engine.readers import msit_manual
+
     if msit_manual.locate(p) is not None:
         return "msit-manual"
     return None
+
+
+_READERS = {
+    "layerwatch": "layerwatch.engine.readers.layerwatch:LayerwatchReader",
+    "msit": "layerwatch.engine.readers.msit:MsitReader",
+    "atb": "layerwatch.engine.readers.atb:AtbReader",
+    "msprobe": "layerwatch.engine.readers.msprobe:MsprobeReader",
+    "msit-manual": "layerwatch.engine.readers.msit_manual:MsitManualReader",
+}
+"""Each format's reader, imported only for a dump of that format."""
 
 
 def open_dump(
@@ -101,11 +119,6 @@ def open_dump(
     ``options`` go to the reader (``nd_shapes=`` for ATB FRACTAL_NZ tensors). Raises
     :class:`LayerwatchError` with one line for a missing path or an unrecognised directory.
     """
-    from layerwatch.engine.readers.atb import AtbReader
-    from layerwatch.engine.readers.layerwatch import LayerwatchReader
-    from layerwatch.engine.readers.msit import MsitReader
-    from layerwatch.engine.readers.msprobe import MsprobeReader
-
     p = Path(os.path.abspath(path))
     if not p.exists():
         raise LayerwatchError(f"{path}: no such directory")
@@ -117,19 +130,12 @@ def open_dump(
             "an msit torch dump (model_tree.json, torch_tensors/), an ATB dump (tensors/) "
             "or an msprobe dump (dump.json)"
         )
-    readers: dict[str, Callable[..., DumpReader]] = {
-        "layerwatch": LayerwatchReader,
-        "msit": MsitReader,
-        "atb": AtbReader,
-        "msprobe": MsprobeReader,
-    }
-    from layerwatch.engine.readers.msit_manual import MsitManualReader
-
-    readers["msit-manual"] = MsitManualReader
-    if kind not in readers:
+    if kind not in _READERS:
         raise LayerwatchError(f"unknown dump format {kind!r}: use one of {', '.join(FORMATS)}")
+    module, name = _READERS[kind].split(":")
+    make: Callable[..., DumpReader] = getattr(import_module(module), name)
     try:
-        reader = readers[kind](p, **options)
+        reader = make(p, **options)
     except (TypeError, OSError) as exc:
         raise LayerwatchError(f"{path}: cannot open as a {kind} dump ({exc})") from None
     reader.side = side  # type: ignore[attr-defined]

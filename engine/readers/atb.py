@@ -122,6 +122,8 @@ class AtbReader(DirectoryReader):
         self._pending: dict[str, tuple[_Rank, int]] = {}
         """Files still being written (header or payload short): retried on every poll."""
         self._topology: Topology | None = None
+        self._chunk_tokens: list[int] | None = None
+        """``poll_chunk``: the execute counts still to read, last first."""
 
     # --- polling -------------------------------------------------------------------------
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
@@ -140,6 +142,53 @@ class AtbReader(DirectoryReader):
         found += [(state, token, path) for path, (state, token) in self._pending.items()]
         self._emit(found, update, final=final)
         return update
+
+    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
+        """The next execute count (token) of every rank of a finished dump, or None after the
+        last (the first call also reads the topology): ATB writes a directory per execute
+        count, so ``compare`` reads a long run a window of tokens at a time
+        (``engine/session/windowed.py``). Records and order are those of
+        ``poll(None, final=True)`` for that token; ``limit`` is not needed (a token is read
+        whole)."""
+        update = ReaderUpdate()
+        if self._chunk_tokens is None:
+            if self._gone(update):
+                self._chunk_tokens = []
+                return update
+            tokens: set[int] = set()
+            for state in self._discover():
+                self._read_topology(state, update)
+                tokens.update(int(d.name) for d in self._token_dirs(state) if d.is_dir())
+            self._chunk_tokens = sorted(tokens, reverse=True)
+        if not self._chunk_tokens:
+            return update if update else None
+        token = self._chunk_tokens.pop()
+        self._seen.clear()  # keys and paths carry their token: no later token repeats them
+        self._keys.clear()
+        found: list[tuple[_Rank, int, str]] = []
+        for state in self._ranks.values():
+            self._walk(state, token, state.path / str(token), found)
+        self._emit(found, update, final=True)
+        return update
+
+    def forget_before(self, token: int) -> None:
+        """A windowed compare judged the tokens before ``token``: drop their shape tables."""
+        for state in self._ranks.values():
+            for old in [t for t in state.io_shapes if t < token]:
+                del state.io_shapes[old]
+
+    def count_tensors(self) -> tuple[int, int]:
+        """(tensors, tokens) of a finished dump, estimated from its first execute count's
+        files (``before/``/``after/`` copies counted once): the memory check before a compare."""
+        ranks = self._discover()
+        tokens = {int(d.name) for state in ranks for d in self._token_dirs(state) if d.is_dir()}
+        if not tokens:
+            return 0, 0
+        found: list[tuple[_Rank, int, str]] = []
+        for state in ranks:
+            self._walk(state, min(tokens), state.path / str(min(tokens)), found)
+        names = {(os.path.dirname(os.path.dirname(p)), os.path.basename(p)) for _, _, p in found}
+        return len(names) * len(tokens), len(tokens)
 
     def _discover(self) -> list[_Rank]:
         names = list(self._where.ranks or ())

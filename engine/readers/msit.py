@@ -135,6 +135,8 @@ class MsitReader(DirectoryReader):
         self._pending: dict[str, int] = {}
         """Incomplete files (path → first time seen incomplete, ns): retried on every poll."""
         self._topology: Topology | None = None
+        self._chunk_tokens: list[int] | None = None
+        """``poll_chunk``: the tokens still to read, last first."""
 
     # --- polling -------------------------------------------------------------------------
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
@@ -155,6 +157,58 @@ class MsitReader(DirectoryReader):
             self._retry(pending, files)
         self._emit(files, update, full=changed is None, final=final)
         return update
+
+    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
+        """The next token of every rank of a finished dump, or None after the last (the first
+        call also reads the trees and weights): msit writes a directory per token, so
+        ``compare`` reads a long run a window of tokens at a time instead of holding every
+        record (``engine/session/windowed.py``). Records, notes and order are those of
+        ``poll(None, final=True)`` for that token; ``limit`` is not needed (a token is read
+        whole)."""
+        update = ReaderUpdate()
+        if self._chunk_tokens is None:
+            if self._gone(update):
+                self._chunk_tokens = []
+                return update
+            tokens: set[int] = set()
+            for state in self._discover():
+                self._read_tree(state, update)
+                tokens.update(int(d.name) for d in self._token_dirs(state) if d.is_dir())
+                self._scan_weights(state, update)
+            self._chunk_tokens = sorted(tokens, reverse=True)
+        if not self._chunk_tokens:
+            return update if update else None
+        token = self._chunk_tokens.pop()
+        self._seen.clear()  # keys and paths carry their token: no later token repeats them
+        self._keys.clear()
+        files: dict[tuple[str, int], list[tuple[str, str, int]]] = {}
+        for state in self._ranks.values():
+            self._scan_token(state, state.path / str(token), files)
+        self._emit(files, update, full=True, final=True)
+        return update
+
+    def forget_before(self, token: int) -> None:
+        """A windowed compare judged the tokens before ``token``: drop their execution orders
+        (kept for the first token, whose order the topology took)."""
+        for state in self._ranks.values():
+            first = min(state.tokens, default=None)
+            for old in [t for t in state.tokens if first < t < token]:  # type: ignore[operator]
+                del state.tokens[old]
+
+    def count_tensors(self) -> tuple[int, int]:
+        """(tensors, tokens) of a finished dump, estimated from its first token's files (every
+        token of a decode dumps the same modules): the memory check before a compare."""
+        ranks = self._discover()
+        tokens = {int(d.name) for state in ranks for d in self._token_dirs(state) if d.is_dir()}
+        if not tokens:
+            return 0, 0
+        first = min(tokens)
+        files = 0
+        for state in ranks:
+            for node in scandir(state.path / str(first)):
+                if node.is_dir():
+                    files += sum(1 for e in scandir(node.path) if e.name.endswith(TENSOR_EXT))
+        return files * len(tokens), len(tokens)
 
     def _discover(self) -> list[_Rank]:
         names = self._fixed_ranks

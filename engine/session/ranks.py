@@ -277,22 +277,71 @@ class RankSpread:
         return out
 
     def _summarise(self) -> None:
-        counts = self._counts
-        if counts["sharded"]:
-            self._notes.append(
-                f"target is tensor parallel ({self.world} ranks): {counts['sharded']} sharded "
-                "tensors compared with their slice of the golden"
-            )
-        if counts["partial"]:
-            self._notes.append(
-                f"{counts['partial']} all-reduce inputs of the target are partial sums: not "
-                "compared with the single-card golden (layerwatch allreduce checks them)"
-            )
-        if counts["dropped"]:
-            self._notes.append(
-                f"{counts['dropped']} tensors of collective calls the golden does not have were "
-                "left out (layerwatch allreduce checks them)"
-            )
+        self._notes.extend(count_notes(self._counts, self.world))
+
+
+def count_notes(counts: dict[str, int], world: int) -> list[str]:
+    """What a spread did, in one note a kind (sharded, partial sums, collectives left out)."""
+    notes = []
+    if counts["sharded"]:
+        notes.append(
+            f"target is tensor parallel ({world} ranks): {counts['sharded']} sharded "
+            "tensors compared with their slice of the golden"
+        )
+    if counts["partial"]:
+        notes.append(
+            f"{counts['partial']} all-reduce inputs of the target are partial sums: not "
+            "compared with the single-card golden (layerwatch allreduce checks them)"
+        )
+    if counts["dropped"]:
+        notes.append(
+            f"{counts['dropped']} tensors of collective calls the golden does not have were "
+            "left out (layerwatch allreduce checks them)"
+        )
+    return notes
+
+
+class WindowSpread:
+    """:func:`spread_updates` for a compare read a window of tokens at a time
+    (engine/session/windowed.py): each window is spread on its own — a name carries its token,
+    so no slice waits on another window — and the notes count over the whole run."""
+
+    def __init__(self, world: int | None, mapping: str | Path | None) -> None:
+        self.world = world
+        self.rules = shard_rules(mapping)
+        self.counts = {"sharded": 0, "partial": 0, "dropped": 0}
+        self.spread_world = 0
+        self.ranks: set[int] = set()
+        """Target ranks with tensors, in the windows that were spread."""
+
+    def __call__(self, golden: ReaderUpdate, target: ReaderUpdate) -> None:
+        if not wants_spread(golden.tensors, target.tensors, self.world):
+            return
+        spread = RankSpread(self.world, self.rules)
+        g_out: list[TensorRecord] = []
+        t_out: list[TensorRecord] = []
+        for side, records in (("target", target.tensors), ("golden", golden.tensors)):
+            got = spread.feed(side, records)
+            g_out += got[0]
+            t_out += got[1]
+        for side in ("golden", "target"):
+            got = spread.finish(side)
+            g_out += got[0]
+            t_out += got[1]
+        self.ranks.update(r.key.rank for r in t_out)
+        golden.tensors, target.tensors = g_out, t_out
+        for kind, n in spread._counts.items():
+            self.counts[kind] += n
+        self.spread_world = max(self.spread_world, spread.world)
+
+    def notes(self, target: str) -> list[str]:
+        """The run's spread notes, then the ranks of ``target`` that had no tensors at all."""
+        if not self.spread_world:
+            return []
+        out = count_notes(self.counts, self.spread_world)
+        world = self.world or 0
+        missing = sorted(set(range(world)) - self.ranks)
+        return out + [f"rank {r} of {world} has no tensors in {target}" for r in missing]
 
 
 Name = tuple[int, str, str]

@@ -9,24 +9,46 @@ About 100 bytes a pair plus the metric values that are not exactly 0 or 1 (those
 pair's metric-set id). Rows are fixed-size chunks of a numpy structured array, so growing
 never copies what is stored.
 
+A store given a ``spill`` directory writes each full chunk (rows and value pool) once to a
+file there and drops it from RAM; spilled rows are read back on demand :data:`READ_ROWS` at a
+time into a small cache (:data:`CACHED` reads), a pair's metric values with one read of just
+those. RAM then holds the string tables, the counts, the chunks being filled and the cache,
+whatever the number of pairs. Reading (``pread``) rather than ``np.memmap``:
+a mapped file's pages count in the process's RSS until the kernel reclaims them, so a scan
+over a memmapped 123 MB rows file added 123 MB of RSS, until ``MADV_DONTNEED`` or unmapping.
+The files are unnamed (``O_TMPFILE``) unless kept, so they vanish with the process however it
+ends; :meth:`ResultStore.close` gives their space back at once.
+
 :meth:`ResultStore.row` gives the ``--json`` row of a pair (the same dict as
 ``report.json_report`` writes), :meth:`ResultStore.result` a PairResult without statistics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections import Counter
+import os
+import tempfile
+import threading
+import weakref
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
+from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import Locator, PairResult, TensorKey, TensorRecord, Verdict
 
 CHUNK = 1 << 16
 """Rows per chunk (a chunk is allocated whole: ~6 MB)."""
 POOL_CHUNK = 1 << 20
 """Metric values per chunk of the value pool (8 MB)."""
+READ_ROWS = 4096
+"""Spilled rows read a time (~420 KB); the reads of a scan stay small, so freed memory is
+reused rather than left to grow the heap."""
+CACHED = 4
+"""Reads of spilled rows kept in RAM (the detail pane, a window of the grid)."""
 
 _VERDICTS = tuple(Verdict)
 _VERDICT_ID = {v: i for i, v in enumerate(_VERDICTS)}
@@ -40,7 +62,7 @@ ROW = np.dtype(
         ("logits", "i1"),
         ("node", "<i4"),
         ("stem", "<i4"),
-        ("order", "<i4"),
+        ("order", "<i8"),  # ATB orders are post-order keys up to 10^18 (readers/atb.py)
         ("block", "<i4"),
         ("node_type", "<i4"),
         ("reason", "<i4"),
@@ -79,15 +101,89 @@ NO_TENSOR = -2
 """Side path id of a pair with no tensor on that side (unpaired)."""
 NO_PAYLOAD = -1
 """Side path id of a tensor whose bytes the store cannot point at (statistics only, views)."""
+TOKEN_MARK = "\x00"
+"""Stands for the pair's token in a stored path: msit and ATB write a file per tensor under a
+directory per token (``…/cpu_1/{token}/{node}/output.pth``), so a path kept whole would be a new
+string every pair (~300 B); with its token directory marked it is one string a node."""
+
+
+class _Spilled:
+    """Full chunks of one kind (rows or pool values), each written once at its place in one
+    file (element ``n`` at ``n * itemsize``), read back a slice at a time."""
+
+    def __init__(self, directory: Path, kind: str, dtype: np.dtype, count: int, keep: bool):
+        self.directory = directory
+        self.dtype = dtype
+        self.chunk_bytes = dtype.itemsize * count
+        self.path: Path | None = None
+        try:
+            if keep:
+                fd, name = tempfile.mkstemp(prefix=f".layerwatch-{kind}-", dir=directory)
+                self.path = Path(name)
+                self.fh: IO[bytes] = os.fdopen(fd, "w+b", buffering=0)
+            else:  # unnamed (O_TMPFILE): nothing is left behind, however the process ends
+                self.fh = tempfile.TemporaryFile(dir=directory, buffering=0)  # noqa: SIM115
+        except OSError as exc:
+            raise _disk_error(directory, exc) from None
+        self.fd = self.fh.fileno()
+        self.chunks = 0
+        """Chunks written: elements below ``chunks * count`` are on disk."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.chunks * self.chunk_bytes
+
+    def write(self, index: int, chunk: np.ndarray) -> None:
+        data = memoryview(chunk.view(np.uint8))
+        at = index * self.chunk_bytes
+        try:
+            while data:
+                done = os.pwrite(self.fd, data, at)
+                data, at = data[done:], at + done
+        except OSError as exc:  # cut the partial chunk back out: its space is needed now
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, index * self.chunk_bytes)
+            raise _disk_error(self.directory, exc) from None
+        self.chunks = max(self.chunks, index + 1)
+
+    def read(self, first: int, count: int) -> np.ndarray:
+        """Elements ``first`` to ``first + count`` (all on disk), read-only."""
+        out = np.empty(count, self.dtype)
+        view = memoryview(out.view(np.uint8))
+        at = first * self.dtype.itemsize
+        while view:
+            got = os.preadv(self.fd, [view], at)
+            if got <= 0:
+                raise LayerwatchError(f"spilled results in {self.directory} were cut short")
+            view, at = view[got:], at + got
+        out.flags.writeable = False
+        return out
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _disk_error(directory: Path, exc: OSError) -> LayerwatchError:
+    return LayerwatchError(f"spilling results to {directory}: {exc.strerror or exc}")
+
+
+def _close_all(files: list[_Spilled]) -> None:
+    for spilled in files:
+        with contextlib.suppress(OSError):
+            spilled.close()
 
 
 class ResultStore:
-    """Append-only columns of pair results (one home for "what a compared pair keeps")."""
+    """Append-only columns of pair results (one home for "what a compared pair keeps").
 
-    def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []
+    ``spill``: a directory for the full chunks (see the module's docstring); None keeps every
+    chunk in RAM. ``keep``: name the spill files (``spill_paths``) and leave them at close."""
+
+    def __init__(self, spill: str | os.PathLike[str] | None = None, *, keep: bool = False) -> None:
+        self._chunks: list[np.ndarray | None] = []
+        """A spilled chunk is None here and lives in ``_spill_rows``."""
         self._n = 0
-        self._pool: list[np.ndarray] = []
+        self._pool: list[np.ndarray | None] = []
         self._pool_n = 0
         self.strings = Strings()
         """Node names, stems, node types, reasons, paths, dtypes."""
@@ -97,19 +193,54 @@ class ResultStore:
         """Tuples of ``(name, 0.0 | 1.0 | None)``: None means the value is in the pool."""
         self.counts: Counter[Verdict] = Counter()
         self.strings.id("")  # id 0: no reason, no type
+        self.spill_dir = None if spill is None else Path(spill)
+        self._files: list[_Spilled] = []
+        if self.spill_dir is not None:
+            self._files = [
+                _Spilled(self.spill_dir, "rows", ROW, CHUNK, keep),
+                _Spilled(self.spill_dir, "pool", np.dtype("<f8"), POOL_CHUNK, keep),
+            ]
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        """Reads of spilled rows by ``i // READ_ROWS``."""
+        self._lock = threading.Lock()
+        self._closer = weakref.finalize(self, _close_all, self._files)
 
     def __len__(self) -> int:
         return self._n
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the columns and the value pool (not the tables of distinct strings)."""
-        return sum(c.nbytes for c in self._chunks) + sum(p.nbytes for p in self._pool)
+        """Bytes of the columns and the value pool held in RAM (not the tables of distinct
+        strings, not the spilled chunks: :attr:`disk_bytes`)."""
+        held = [c for c in (*self._chunks, *self._pool) if c is not None]
+        return sum(c.nbytes for c in held)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes written to the spill files."""
+        return sum(f.nbytes for f in self._files)
+
+    @property
+    def spill_paths(self) -> tuple[Path, ...]:
+        """The kept spill files (rows, then pool values); empty unless ``keep``."""
+        return tuple(f.path for f in self._files if f.path is not None)
+
+    def close(self) -> None:
+        """Give the spill files' disk space back (kept files stay); reading spilled pairs
+        after this fails. A store without spill has nothing to close."""
+        self._closer()
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- writing ----------------------------------------------------------------------------
     def append(self, results: Iterable[PairResult]) -> None:
         """Store ``results`` (a window's worth at a time: rows are built as tuples and copied
-        into the chunks in slices, ~2 µs a pair)."""
+        into the chunks in slices, ~2 µs a pair). With spill, chunks that filled up are
+        written out after (a failed write leaves them in RAM and raises the one line)."""
         rows = [self._tuple(r) for r in results]
         if not rows:
             return
@@ -120,9 +251,22 @@ class ResultStore:
                 self._chunks.append(np.zeros(CHUNK, ROW))
             at = self._n % CHUNK
             take = min(CHUNK - at, len(batch) - done)
-            self._chunks[-1][at : at + take] = batch[done : done + take]
+            chunk = self._chunks[-1]
+            assert chunk is not None  # the chunk being filled is never spilled
+            chunk[at : at + take] = batch[done : done + take]
             done += take
             self._n += take
+        if self._files:
+            self._spill(self._chunks, self._n // CHUNK, self._files[0])
+            self._spill(self._pool, self._pool_n // POOL_CHUNK, self._files[1])
+
+    @staticmethod
+    def _spill(chunks: list[np.ndarray | None], full: int, file: _Spilled) -> None:
+        for k in range(file.chunks, full):
+            chunk = chunks[k]
+            if chunk is not None:
+                file.write(k, chunk)
+                chunks[k] = None
 
     def _tuple(self, result: PairResult) -> tuple[Any, ...]:
         key = result.key
@@ -150,11 +294,18 @@ class ResultStore:
             self.failed_sets.id(tuple(result.failed)),
             self.metric_sets.id(tuple(names)),
             pos,
-            *self._side(result.golden),
-            *self._side(result.target),
+            *self._side(result.golden, key.token),
+            *self._side(result.target, key.token),
         )
 
-    def _side(self, record: TensorRecord | None) -> tuple[int, int, int, int, int]:
+    def _path_id(self, path: str, token: int) -> int:
+        part = f"{os.sep}{token}{os.sep}"
+        at = path.rfind(part)
+        if at >= 0:
+            path = f"{path[:at]}{os.sep}{TOKEN_MARK}{os.sep}{path[at + len(part) :]}"
+        return self.strings.id(path)
+
+    def _side(self, record: TensorRecord | None, token: int) -> tuple[int, int, int, int, int]:
         if record is None:
             return (NO_TENSOR, 0, 0, 0, 0)
         loc = record.loc
@@ -168,7 +319,7 @@ class ResultStore:
             shape, dtype = tuple(record.shape), record.dtype
             return (NO_PAYLOAD, 0, 0, self.shapes.id(shape), self.strings.id(dtype))
         return (
-            self.strings.id(loc.path),
+            self._path_id(loc.path, token),
             loc.offset,
             loc.nbytes,
             self.shapes.id(tuple(loc.shape)),
@@ -178,32 +329,65 @@ class ResultStore:
     def _put(self, value: float) -> None:
         if self._pool_n == len(self._pool) * POOL_CHUNK:
             self._pool.append(np.zeros(POOL_CHUNK, "<f8"))
-        self._pool[-1][self._pool_n % POOL_CHUNK] = value
+        pool = self._pool[-1]
+        assert pool is not None  # the pool chunk being filled is never spilled
+        pool[self._pool_n % POOL_CHUNK] = value
         self._pool_n += 1
 
     # --- reading ----------------------------------------------------------------------------
+    def _spilled_rows(self, block: int, step: int) -> np.ndarray:
+        with self._lock:
+            found = self._cache.get(block)
+            if found is not None:
+                self._cache.move_to_end(block)
+                return found
+        rows = self._files[0].read(block * step, step)
+        with self._lock:
+            self._cache[block] = rows
+            while len(self._cache) > CACHED:
+                self._cache.popitem(last=False)
+        return rows
+
+    def _values(self, pos: int, count: int) -> list[float]:
+        """``count`` metric values from ``pos`` of the pool (one read where all are on disk)."""
+        if self._files and pos + count <= self._files[1].chunks * POOL_CHUNK:
+            return self._files[1].read(pos, count).tolist()
+        out = []
+        for at in range(pos, pos + count):
+            chunk = self._pool[at // POOL_CHUNK]
+            if chunk is None:
+                out.append(float(self._files[1].read(at, 1)[0]))
+            else:
+                out.append(float(chunk[at % POOL_CHUNK]))
+        return out
+
     def _row(self, i: int) -> np.void:
         if not 0 <= i < self._n:
             raise IndexError(i)
-        return self._chunks[i // CHUNK][i % CHUNK]
+        chunk = self._chunks[i // CHUNK]
+        if chunk is not None:
+            return chunk[i % CHUNK]
+        step = min(READ_ROWS, CHUNK)  # both powers of two: a read never leaves its chunk
+        return self._spilled_rows(i // step, step)[i % step]
 
     def column(self, name: str) -> np.ndarray:
-        """One column over every stored pair (a copy)."""
-        if not self._chunks:
-            return np.zeros(0, ROW[name])
-        return np.concatenate([c[name] for c in self._chunks])[: self._n]
+        """One column over every stored pair (a copy; spilled rows are read a slice at a time
+        and not cached, so a scan does not hold the store in RAM)."""
+        out = np.empty(len(self._chunks) * CHUNK, ROW[name])
+        step = min(READ_ROWS, CHUNK)
+        for k, chunk in enumerate(self._chunks):
+            if chunk is not None:
+                out[k * CHUNK : (k + 1) * CHUNK] = chunk[name]
+                continue
+            for at in range(k * CHUNK, (k + 1) * CHUNK, step):
+                out[at : at + step] = self._files[0].read(at, step)[name]
+        return out[: self._n]
 
     def metrics(self, i: int) -> dict[str, float]:
         row = self._row(i)
-        pos = int(row["mpos"])
-        out: dict[str, float] = {}
-        for name, const in self.metric_sets.values[int(row["mset"])]:
-            if const is None:
-                out[name] = float(self._pool[pos // POOL_CHUNK][pos % POOL_CHUNK])
-                pos += 1
-            else:
-                out[name] = const
-        return out
+        names = self.metric_sets.values[int(row["mset"])]
+        values = iter(self._values(int(row["mpos"]), sum(c is None for _, c in names)))
+        return {name: next(values) if const is None else const for name, const in names}
 
     def key(self, i: int) -> TensorKey:
         row = self._row(i)
@@ -241,7 +425,7 @@ class ResultStore:
         loc = None
         if path >= 0:
             loc = Locator(
-                self.strings.values[path],
+                self.strings.values[path].replace(TOKEN_MARK, str(key.token)),
                 int(row[f"{p}_offset"]),
                 int(row[f"{p}_nbytes"]),
                 dtype,

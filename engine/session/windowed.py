@@ -19,19 +19,25 @@ windows in token order:
 Each window is a fresh session sharing one pairer (its weight match is computed once) and one
 job runner (one process pool). Its rows go to the report stream as the window completes and its
 results into the :class:`~.store.ResultStore`; then the window's records and results are dropped.
-Readers hand records over in index order, which is token order for a finished layerwatch dump;
-a tensor of a token whose window already closed is compared in a later window and noted.
+Readers hand records over a chunk at a time in token order (``poll_chunk``: a layerwatch index
+chunk, an msit or ATB token directory of every rank; :class:`WholeDump` for a format read
+whole). A token closes once every rank of both sides has read past it (:attr:`_Side.top`); a
+tensor of a token whose window already closed is compared in a later window and noted.
+``prepare`` changes a window's updates before they are compared: the golden spread over a
+tensor-parallel target's ranks (engine/session/ranks.py), local to a token as well.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from layerwatch.engine.readers.base import ReaderUpdate
 from layerwatch.engine.records import PairResult, Verdict
 from layerwatch.engine.seam import BlockInfo, Divergence, Finding, Summary
+from layerwatch.engine.session.column_windows import column_windows, open_tables
 from layerwatch.engine.session.core import CompareSession
 from layerwatch.engine.session.store import ResultStore
 
@@ -56,9 +62,20 @@ class _Side:
     reader: ChunkReader
     buffered: dict[int, list[Any]] = field(default_factory=dict)
     """Records by token, not windowed yet."""
-    top: int = -1
-    """Highest token seen (records and token lines)."""
+    ids_top: int = -1
+    """Highest token of a token line."""
+    tops: dict[int, int] = field(default_factory=dict)
+    """Highest token of a record, by rank."""
     done: bool = False
+
+    @property
+    def top(self) -> int:
+        """The token every rank has read up to: the highest seen (records and token lines), or
+        with several ranks (a tensor-parallel dump) the lowest of their highest, so no rank's
+        tensors of a token arrive after its window closed."""
+        if len(self.tops) > 1:
+            return min(self.tops.values())
+        return max(self.ids_top, max(self.tops.values(), default=-1))
 
 
 def windows(
@@ -81,11 +98,14 @@ def windows(
             if update is None:
                 side.done = True
                 continue
+            tops = side.tops
             for record in update.tensors:
-                side.buffered.setdefault(record.key.token, []).append(record)
-                side.top = max(side.top, record.key.token)
+                key = record.key
+                side.buffered.setdefault(key.token, []).append(record)
+                if key.token > tops.get(key.rank, -1):
+                    tops[key.rank] = key.token
             if update.token_ids:
-                side.top = max(side.top, max(update.token_ids))
+                side.ids_top = max(side.ids_top, max(update.token_ids))
             held = extra[name]
             held.topology = update.topology or held.topology
             held.weights.update(update.weights)
@@ -98,8 +118,15 @@ def windows(
         ready = sorted(
             t for t in {t for s in sides.values() for t in s.buffered} if upto is None or t <= upto
         )
-        size = sum(len(sides["golden"].buffered.get(t, ())) for t in ready)
-        if ready and (finished or size >= window):
+        while ready:
+            # A side read whole (or a big chunk) leaves many tokens ready: a window at a time.
+            size, take = 0, 0
+            while take < len(ready) and size < window:
+                size += max(len(s.buffered.get(ready[take], ())) for s in sides.values())
+                take += 1
+            if size < window and not finished:
+                break
+            chosen, ready = ready[:take], ready[take:]
             out = {}
             for name, side in sides.items():
                 update = ReaderUpdate(
@@ -109,16 +136,16 @@ def windows(
                     notes=extra[name].notes,
                 )
                 extra[name].notes = []
-                for token in ready:
+                for token in chosen:
                     update.tensors.extend(side.buffered.pop(token, ()))
                 out[name] = update
-            late = [t for t in ready if t <= closed]
+            late = [t for t in chosen if t <= closed]
             if late:
                 out["golden"].notes.append(
                     f"tensors of token {late[0]} came after its window was compared: "
                     "compared on their own (is the index out of token order?)"
                 )
-            closed = max(closed, ready[-1])
+            closed = max(closed, chosen[-1])
             for side in sides.values():
                 forget = getattr(side.reader, "forget_before", None)
                 if forget is not None:
@@ -128,13 +155,29 @@ def windows(
             return
 
 
+class WholeDump:
+    """A chunk reader over a dump that is read whole (msprobe numbers its calls across a whole
+    step in one ``dump.json``, so no token can be read alone): its one update, then None. The
+    records stay until their window is compared; only one window's pairs and results live at a
+    time, and every judged pair goes to the store like a chunked dump's."""
+
+    def __init__(self, update: ReaderUpdate) -> None:
+        self._update: ReaderUpdate | None = update
+
+    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
+        update, self._update = self._update, None
+        return update
+
+
 class WindowedRun:
     """What a finished windowed compare knows: the merged findings, counts and notes, and
     every pair in a :class:`ResultStore`. Quacks like the session for engine/outcome.py and
-    ``wording.summary_text`` (summary, findings, divergence, notes, token ids, blocks)."""
+    ``wording.summary_text`` (summary, findings, divergence, notes, token ids, blocks).
+    ``spill``: a directory the store writes its full chunks to (engine/session/budget.py
+    decides when; a note says so)."""
 
-    def __init__(self) -> None:
-        self.store = ResultStore()
+    def __init__(self, spill: Path | None = None) -> None:
+        self.store = ResultStore(spill)
         self.first_failure: Finding | None = None
         self.root_cause: Finding | None = None
         self._logits_bad: int | None = None
@@ -199,6 +242,10 @@ class WindowedRun:
             not_compared_pairs=old.not_compared_pairs + found.not_compared_pairs,
         )
 
+    def note(self, text: str) -> None:
+        """A note of the whole run (after the windows' own)."""
+        self._notes.setdefault(text)
+
     # --- the session's face -------------------------------------------------------------------
     @property
     def summary(self) -> Summary:
@@ -214,7 +261,13 @@ class WindowedRun:
 
     @property
     def notes(self) -> list[str]:
-        return list(self._notes)
+        notes = list(self._notes)
+        if self.store.disk_bytes:
+            notes.append(
+                f"results spilled to disk: {self.store.disk_bytes / 2**20:.0f} MB "
+                f"in {self.store.spill_dir} (more than fits in memory)"
+            )
+        return notes
 
     def token_ids(self, side: str) -> dict[int, tuple[int, ...]]:
         return dict(self._token_ids[side])
@@ -230,20 +283,31 @@ def compare_windows(
     progress: Callable[[int, int], None] | None = None,
     window: int | None = None,
     run: WindowedRun | None = None,
+    prepare: Callable[[ReaderUpdate, ReaderUpdate], None] | None = None,
 ) -> WindowedRun:
     """Compare two finished dumps window by window; rows go to ``sink`` as each completes.
-    ``run``: where the merged results go (a caller stopped part-way still has what landed)."""
+    ``run``: where the merged results go (a caller stopped part-way still has what landed);
+    ``prepare``: changes a window's golden and target updates in place before they are
+    compared (the golden spread over a tensor-parallel target's ranks, engine/session/ranks.py)."""
     run = run if run is not None else WindowedRun()
     first: CompareSession | None = None
     done = 0
+    tables = open_tables(readers)  # finished layerwatch dumps: records built a window at a time
+    source = (
+        column_windows(tables, window or WINDOW_TENSORS)
+        if tables is not None
+        else windows(readers, window)
+    )
     try:
-        for updates in windows(readers, window):
+        for updates in source:
             session = make_session()
             if first is None:
                 first = session
             else:  # one weight match, one process pool for the whole run
                 session.pairer = first.pairer
                 session.runner = first.runner
+            if prepare is not None:
+                prepare(updates["golden"], updates["target"])
             session.compare_finished(
                 updates["golden"], updates["target"], _offset(progress, done) if progress else None
             )

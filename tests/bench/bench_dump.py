@@ -19,7 +19,7 @@ tokens: 1.22 s -> 2.38 s (1.95x); (b) hidden 256, 4 layers, 4 heads, vocab 1000,
 
 ``--cli`` times the (long) case the way a user runs it: an unmodified script, whole process
 wall time, ``python script.py`` against ``layerwatch dump --out D -- python script.py``
-(interleaved, median of ``--repeats``); the script also prints its own ``generate`` time, so
+(interleaved; median and min of ``--repeats``); the script also prints its own ``generate`` time, so
 both the whole-run and the generate-only ratios are shown. ``--before-python`` names the
 python of another checkout's venv (e.g. main's): its ``layerwatch dump`` runs interleaved
 with ours, so a before/after pair comes from one run under one load.
@@ -161,15 +161,16 @@ def bench_cli(c: dict, repeats: int, before: str | None) -> dict[str, tuple[floa
                     shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {
-        k: (
+    out: dict[str, tuple[float, ...]] = {}
+    for k, v in runs.items():
+        out[k] = (
             statistics.median(r[0] for r in v),
             statistics.median(r[1] for r in v),
             statistics.median(r[2] for r in v),
             tensors.get(k, 0),
         )
-        for k, v in runs.items()
-    }
+        out[k + ":min"] = (min(r[0] for r in v), min(r[1] for r in v), min(r[2] for r in v), 0)
+    return out
 
 
 def _dir_size(path: Path) -> tuple[int, int]:
@@ -310,6 +311,19 @@ def main() -> int:
                     f"  {label}: {wall:.2f} s = {wall / wall0:.2f}x whole run "
                     f"(generate {gen:.2f} s = {gen / gen0:.2f}x; CPU {cpu / cpu0:.2f}x; "
                     f"{count} tensors, {extra:.1f} us each)"
+                )
+        mins = {k[:-4]: v for k, v in res.items() if k.endswith(":min")}
+        wall0, gen0, cpu0, _ = mins["plain"]
+        print(
+            f"  min of {args.repeats} (least disturbed by other load): python script.py "
+            f"{wall0:.2f} s (generate {gen0:.2f} s, CPU {cpu0:.2f} s)"
+        )
+        for side in ("before", "dump"):
+            if side in mins:
+                wall, gen, cpu, _ = mins[side]
+                print(
+                    f"    {side}: {wall:.2f} s = {wall / wall0:.2f}x whole run (generate "
+                    f"{gen:.2f} s = {gen / gen0:.2f}x; CPU {cpu / cpu0:.2f}x)"
                 )
         print(f"  load average after: {os.getloadavg()[0]:.2f}")
         return 0

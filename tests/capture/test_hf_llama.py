@@ -1,4 +1,4 @@
-"""Capturing a real Hugging Face LlamaForCausalLM (tiny random config, nothing downloaded)."""
+"""Capturing a real Hugging Face LlamaForCausalLM (tests/support/tiny_hf.py: tiny, nothing downloaded)."""
 
 from __future__ import annotations
 
@@ -8,48 +8,25 @@ import pytest
 import torch
 from layerwatch.capture import DumpConfig, register_hook
 from safetensors import safe_open
-from support import lwdump
+from support import lwdump, tiny_hf
 
 transformers = pytest.importorskip("transformers")
 
-NEW_TOKENS = 4
-PROMPT = 6
+NEW_TOKENS = tiny_hf.NEW_TOKENS
+PROMPT = tiny_hf.PROMPT
 
 
 @pytest.fixture(scope="module")
 def llama():
-    torch.manual_seed(1234)
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=97,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
-def _generate(model, ids):
-    with torch.no_grad():
-        return model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
+    return tiny_hf.build("llama")
 
 
 @pytest.fixture(scope="module")
 def dumped(llama, tmp_path_factory):
-    ids = torch.randint(0, 97, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    ids = tiny_hf.prompt()
     out_dir = tmp_path_factory.mktemp("hf")
     with register_hook(llama, DumpConfig(dump_path=out_dir)) as handle:
-        generated = _generate(llama, ids)
+        generated = tiny_hf.generate(llama, ids)
     return handle.run_dir, ids, generated
 
 
@@ -159,7 +136,7 @@ def test_attach_from_a_global_pre_hook_like_the_bootstrap(llama, dumped, tmp_pat
 
     token = torch.nn.modules.module.register_module_forward_pre_hook(global_pre)
     try:
-        again = _generate(llama, prompt)
+        again = tiny_hf.generate(llama, prompt)
     finally:
         token.remove()
     handles[0].close()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from layerwatch.tui.cli import main
+from support.scale import whole_run_report, windowed_report
 from support.tp_capture import capture_tp_dumps
 
 
@@ -159,3 +160,29 @@ def test_open_headless_spreads_the_golden_like_compare(
         first = report["first_failure"]
         assert (first["token"], first["node"], first["rank"]) == (1, "root.layers.1.down", 1)
     assert rows["open"] == rows["compare"]
+
+
+@pytest.mark.parametrize("target", ["shard", "allreduce", "rank1", "cut"])
+def test_a_tp_compare_in_windows_writes_the_whole_run_report(
+    dumps: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
+) -> None:
+    """A window of tokens at a time (a token or less each), the golden spread over each
+    window's ranks: the report of the whole-run spread byte for byte — also with a rank cut
+    short, whose tokens wait for the end instead of closing without it."""
+    path = dumps["benign"] / "rank1" if target == "rank1" else dumps.get(target)
+    if target == "cut":
+        path = tmp_path / "cut"
+        shutil.copytree(dumps["shard"], path)
+        index = path / "rank1" / "index.jsonl"
+        lines = index.read_text().splitlines(keepends=True)
+        index.write_text("".join(x for x in lines if json.loads(x).get("token", 9) <= 1))
+    assert path is not None
+    for suffix in (".csv", ".json"):
+        whole_run_report(dumps["golden"], path, tmp_path / f"whole{suffix}")
+        code, windows = windowed_report(
+            dumps["golden"], path, tmp_path / f"windowed{suffix}", monkeypatch
+        )
+        assert code in (0, 1) and windows >= 2
+        assert (tmp_path / f"windowed{suffix}").read_bytes() == (
+            tmp_path / f"whole{suffix}"
+        ).read_bytes()

@@ -1,21 +1,29 @@
 """Tiny random-weight Hugging Face models (Llama, Qwen2, GPT-2) captured with ``register_hook``.
 
 Nothing is downloaded: each model is built from a small config with a fixed seed, cast to the
-asked dtype, and run through ``generate`` (prefill + decode steps) under capture. ``fault``
-edits the model before the run, as a bug in a kernel or a checkpoint would, so tests can check
-that ``layerwatch scan`` finds the node where the damage starts.
+asked dtype, and run through ``generate`` (prefill + decode steps) under capture. The helpers
+below edit the model before the run, as a bug in a kernel or a checkpoint would, so tests can
+check that a compare or ``layerwatch scan`` finds the node where the damage starts.
+
+The one home of these builders: tests/fixtures/tiny_llama.py (the fixture generators, run in
+side venvs without layerwatch, so nothing here imports layerwatch at module level) and
+tests/capture/test_hf_llama.py build their Llama here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from layerwatch.capture import DumpConfig, register_hook
 from torch import nn
 
+if TYPE_CHECKING:
+    from layerwatch.capture import DumpConfig
+
 ARCHS = ("llama", "qwen2", "gpt2")
+SEED = 1234
 VOCAB = 97
 PROMPT = 6
 NEW_TOKENS = 4
@@ -34,11 +42,12 @@ ACT = {
 """Layer 1's activation module (replaced by a NaN-producing op in the NaN fault)."""
 
 
-def build(arch: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+def build(arch: str, dtype: torch.dtype = torch.float32, *, vocab: int = VOCAB) -> nn.Module:
+    """``arch`` with 2 layers of width 32, weights from :data:`SEED` (same seed, same weights)."""
     import transformers
 
-    torch.manual_seed(1234)
-    common = dict(vocab_size=VOCAB, attn_implementation="eager")
+    torch.manual_seed(SEED)
+    common = dict(vocab_size=vocab, attn_implementation="eager")
     if arch == "gpt2":
         cfg = transformers.GPT2Config(
             n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0, **common
@@ -83,6 +92,8 @@ def capture(
     model: nn.Module, out: Path, config: DumpConfig | None = None, run: Callable | None = None
 ) -> Path:
     """Generate under capture into ``out``; returns the rank directory."""
+    from layerwatch.capture import DumpConfig, register_hook
+
     config = config or DumpConfig(dump_path=out)
     with register_hook(model, config) as handle:
         (run or generate)(model)
@@ -109,3 +120,11 @@ def set_module(model: nn.Module, path: str, module: nn.Module) -> None:
 def scale_weight(model: nn.Module, path: str, factor: float) -> None:
     with torch.no_grad():
         model.get_submodule(path).weight.mul_(factor)
+
+
+def add_weight_noise(model: nn.Module, path: str, share: float, seed: int = 99) -> None:
+    """Gaussian noise of ``share`` × the weight's std (a seeded generator: the same fault each time)."""
+    weight = model.get_submodule(path).weight
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight.add_(torch.randn(weight.shape, generator=gen) * weight.std() * share)

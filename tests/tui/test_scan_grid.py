@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import json
+import select
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,14 +18,15 @@ from layerwatch.engine.live.side import SideSpec
 from layerwatch.engine.records import Verdict
 from layerwatch.engine.scan import scan_dump
 from layerwatch.engine.seam import CellState
+from layerwatch.tui import keys
 from layerwatch.tui.app import LayerwatchApp
 from layerwatch.tui.frontends import scan_pipeline
 from layerwatch.tui.screens.block import BlockScreen
 from layerwatch.tui.screens.operator import OperatorScreen
-from layerwatch.tui.status import Legend
+from layerwatch.tui.status import Legend, StatusBar
 from textual.widgets import Static
 
-from .conftest import plain_text, save_shot, wait_until
+from .conftest import make_app, plain_text, save_shot, wait_until
 
 pytest.importorskip("torch")
 
@@ -96,6 +100,46 @@ async def test_scan_grid_of_a_finished_dump_matches_layerwatch_scan(
         assert "input_0" in inputs and "✔ pass" in inputs and "✖" not in inputs  # clean inputs
 
 
+def _footer_actions(app: LayerwatchApp) -> set[str]:
+    """The actions the Footer and the keys reach on the current screen (Textual's own list)."""
+    return {b.binding.action for b in app.screen.active_bindings.values()}
+
+
+async def test_scan_grid_offers_no_compare_only_keys(fp16_dump: Path) -> None:
+    """No golden: no parting step (d), no metric (m), no ranks (r). Their keys are neither in
+    the Footer, the palette nor the help, and pressing them does nothing (no "not parted" or
+    rank error notice); the compare grid keeps all three."""
+    pipeline = scan_pipeline(attach_spec(str(fp16_dump), idle_s=0, watch=False), _args())
+    app = LayerwatchApp(pipeline, title="layerwatch watch · scan", color_system="truecolor")
+    compare_only = {"parting", "cycle_metric", "cycle_rank"}
+    assert compare_only == keys.COMPARE_ONLY
+    async with app.run_test(size=(160, 45)) as pilot:
+        await wait_until(pilot, lambda: app.state.done)
+        await pilot.pause(0.1)
+        shown = _footer_actions(app)
+        assert {"first_failure", "next_failure", "filter", "export", "open"} <= shown
+        assert not shown & compare_only
+        before = (len(app._notifications), app.model.metric_index, app.rank)
+        for key in ("d", "m", "r"):
+            await pilot.press(key)
+        await pilot.pause(0.3)
+        assert (len(app._notifications), app.model.metric_index, app.rank) == before
+        palette = {c.title for c in app.get_system_commands(app.screen)}
+        assert not {a.help for a in keys.ACTIONS if a.compare_only} & palette
+        assert "Jump to the first failure" in palette
+        await pilot.press("question_mark")
+        await pilot.pause(0.2)
+        text = plain_text(app.screen.query_one("#help-text", Static))
+        assert "No golden run" in text and "an anomaly appears here" in text
+        assert "metric" not in text.split("colours", 1)[0] and "parts" not in text
+    with_golden = make_app()
+    async with with_golden.run_test(size=(160, 45)) as pilot:
+        await pilot.pause(0.2)
+        assert compare_only - {"cycle_rank"} <= _footer_actions(with_golden)  # r: not in Footer
+        await pilot.press("m")
+        assert with_golden.model.metric_index == 1
+
+
 async def test_scan_grid_fills_while_the_command_runs(tmp_path: Path) -> None:
     """A launched command: cells arrive in several ticks before it exits (live, not at the end)."""
     out = tmp_path / "live"
@@ -134,3 +178,74 @@ def test_headless_watch_of_one_dir_ends_like_scan(fp16_dump: Path) -> None:
     a, b = json.loads(scan.stdout), json.loads(watch.stdout)
     assert a["first_failure"] == b["first_failure"]
     assert [r["node"] for r in a["rows"]] == [r["node"] for r in b["rows"]]
+
+
+def test_watch_of_a_mistyped_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Neither the directory nor its folder exists: a typo, not a run yet to start."""
+    typo = tmp_path / "no-such-folder" / "dump"
+    for args in (
+        ("watch", str(typo), "--headless"),
+        ("watch", str(typo)),  # the TUI path stops before the TUI starts
+        ("watch", str(tmp_path), str(typo), "--headless"),
+        ("run", "--target", str(typo), "--headless"),
+    ):
+        done = _layerwatch(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.strip().splitlines() == [
+            f"layerwatch {args[0]}: {typo}: no such directory, nor its folder {typo.parent} "
+            "(a typo?)"
+        ]
+
+
+def _stderr_until(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> str:
+    """Read the child's stderr lines until one holds ``text`` (fails after ``timeout``)."""
+    seen, deadline = "", time.monotonic() + timeout
+    while text not in seen:
+        assert time.monotonic() < deadline and proc.poll() is None, seen
+        if select.select([proc.stderr], [], [], 0.5)[0]:
+            seen += proc.stderr.readline()
+    return seen
+
+
+def test_headless_watch_waits_for_a_directory_yet_to_appear(
+    fp16_dump: Path, tmp_path: Path
+) -> None:
+    """Its folder exists: a clear waiting line, then the dump is scanned once it appears."""
+    later = tmp_path / "later"
+    argv = ["watch", str(later), "--idle", "1", "--headless", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "layerwatch.tui", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = _stderr_until(proc, "\n")
+        assert seen == f"layerwatch: target: waiting for {later} to appear\n"
+        shutil.copytree(fp16_dump, tmp_path / "staging")
+        (tmp_path / "staging").rename(later)  # the whole dump appears at once
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    scan = json.loads(_layerwatch("scan", str(fp16_dump), "--json").stdout)
+    assert json.loads(out)["first_failure"] == scan["first_failure"]
+
+
+async def test_scan_grid_says_it_waits_for_the_directory_to_appear(
+    fp16_dump: Path, tmp_path: Path
+) -> None:
+    later = tmp_path / "later"
+    pipeline = scan_pipeline(attach_spec(str(later), idle_s=0.5), _args())
+    app = LayerwatchApp(pipeline, title="layerwatch watch · scan", color_system="truecolor")
+    async with app.run_test(size=(160, 45)) as pilot:
+        status = app.screen.query_one(StatusBar)
+        await wait_until(pilot, lambda: "to appear" in plain_text(status))
+        text = plain_text(status)
+        assert f"waiting for {later} to appear" in text
+        assert "waiting for tensors from the run" in text  # one run: no "both sides"
+        shutil.copytree(fp16_dump, tmp_path / "staging")
+        (tmp_path / "staging").rename(later)
+        await wait_until(pilot, lambda: app.state.done, timeout=60)
+        assert app.state.first_failure is not None
+        assert "to appear" not in plain_text(status)

@@ -26,14 +26,32 @@ COLOURS = (
 )
 """One paragraph: Rich wraps it to the column it gets."""
 
+SCAN_COLOURS = (
+    "No golden run: each cell is one block at one token, marked by the anomaly scan's verdict "
+    "on its outputs (NaN, Inf, values at the dtype's finite maximum, an all-zero output from "
+    "non-zero inputs, a magnitude jump from its inputs). There is no metric to colour by. The "
+    "first failure (the first place in execution order where an anomaly appears) also carries "
+    '"!" in the cell and in the token column; ⏎ shows each operator\'s statistics.'
+)
+"""The scan grid's paragraph (``layerwatch run``/``watch`` with one side, ``dump --scan``)."""
 
-def _keys_tables() -> list[RenderableType]:
+SCAN_MEANINGS = {
+    "✓": "clean: finite, below the dtype's maximum, no jump",
+    "✖": "an anomaly appears here (its inputs are clean)",
+    "NaN": "NaN/Inf appears here",
+    "≠": "carried in: an input already held the anomaly (shown, not blamed)",
+    "…": "landing: more of this block is being written",
+    "·": "not dumped",
+}
+
+
+def _keys_tables(scan: bool = False) -> list[RenderableType]:
     parts: list[RenderableType] = []
     for scope, title in keys.SCOPE_TITLES.items():
         table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), pad_edge=False)
         table.add_column("key", style="bold", no_wrap=True, width=8)
         table.add_column("action")
-        for action in keys.actions(scope):
+        for action in keys.actions(scope, scan=scan):
             table.add_row(keys.key_text(action), action.help)
         parts += [Text(title, style="bold underline"), table, Text("")]
     table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), pad_edge=False)
@@ -45,11 +63,15 @@ def _keys_tables() -> list[RenderableType]:
     return parts
 
 
-def _colours_table(color_system: str | None) -> Table:
+def _colours_table(color_system: str | None, scan: bool = False) -> Table:
     styles = palette.cell_styles(palette.scheme_for(color_system))
     table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), pad_edge=False)
     table.add_column("cell", no_wrap=True)
     table.add_column("meaning")
+    if scan:
+        for glyph, _meaning, code in palette.verdict_legend_entries():
+            table.add_row(Text(palette.CELL_TEXTS[code], style=styles[code]), SCAN_MEANINGS[glyph])
+        return table
     meanings = {
         "=": "exact match",
         "5": "5+ digits: cos ≥ 0.99999",
@@ -90,13 +112,14 @@ class HelpScreen(ModalScreen[None]):
             yield Static(id="help-text")
 
     def _content(self, width: int) -> RenderableType:
-        keys_part = Group(Text("keys", style="bold"), Text(""), *_keys_tables())
+        scan = self.app.model.verdict_only  # the scan grid: its own keys and marks
+        keys_part = Group(Text("keys", style="bold"), Text(""), *_keys_tables(scan))
         colours_part = Group(
             Text("colours", style="bold"),
             Text(""),
-            Text(COLOURS),
+            Text(SCAN_COLOURS if scan else COLOURS),
             Text(""),
-            _colours_table(self.app.color_system),
+            _colours_table(self.app.color_system, scan),
         )
         closing = Text("\nesc, q or ? closes this screen", style="dim")
         if width < WIDE:

@@ -147,6 +147,11 @@ class MainScreen(Screen[None]):
         self.app.push_screen(BlockScreen(message.token, message.block))
 
     # --- actions ---------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The scan grid has no golden: no parting step, no metric, no ranks to pick, so those
+        keys are neither shown in the Footer nor run (tui/keys.py ``compare_only``)."""
+        return not (self.app.model.verdict_only and action in keys.COMPARE_ONLY)
+
     def _jump(self, token: int, block: int) -> None:
         model, grid = self.app.model, self.grid
         col = model.column_of(block)

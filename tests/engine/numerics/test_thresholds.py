@@ -207,3 +207,26 @@ def test_value_formatting_keeps_the_digits_that_matter() -> None:
     assert fmt_value(RED, 0.16) == "0.16"
     assert fmt_value(RED, float("inf")) == "inf"
     assert fmt_value("nonfinite_mismatch", 3.0) == "3"
+
+
+def test_parsed_defaults_kept_for_later_processes_equal_a_fresh_parse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """engine/numerics/thresholds.py keeps the parsed packaged TOML (marshal) in the cache dir;
+    a later process loads it instead of parsing. Equal to the parse; corrupt or unwritable
+    caches only mean parsing again."""
+    import tomllib
+    from layerwatch.engine.numerics import thresholds as th
+
+    monkeypatch.setenv("LAYERWATCH_CACHE_DIR", str(tmp_path / "cache"))
+    text = (Path(th.__file__).parent.parent / "thresholds.toml").read_text(encoding="utf-8")
+    fresh = tomllib.loads(text)
+    assert th._remembered(text) is None  # nothing kept yet
+    th._remember(text, fresh)
+    assert th._remembered(text) == fresh
+    assert th._remembered(text + "\n# edited") is None  # another text: another file
+    th._parsed_path(text).write_bytes(b"\x00garbage")
+    assert th._remembered(text) is None
+    monkeypatch.setenv("LAYERWATCH_CACHE_DIR", "/proc/no-such-dir")
+    th._remember(text, fresh)  # cannot write: no error
+    assert th._remembered(text) is None

@@ -218,3 +218,30 @@ def test_progress_only_on_a_terminal() -> None:
     err = b"".join(chunks).decode()
     assert "layerwatch compare:" in err and "pairs" in err
     json.loads(stdout)  # stdout stays clean JSON
+
+
+def test_the_process_ends_with_all_of_its_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """A compare process leaves without the interpreter's shutdown (tui/cli.py ``_quick_exit``):
+    stdout and the exit code are those of the same compare run in-process, which returns."""
+    from layerwatch.tui.cli import main
+
+    code = main(["compare", str(GOLDEN), str(TARGET), "--json"])
+    in_process = capsys.readouterr().out
+    out = layerwatch(GOLDEN, TARGET, "--json")
+    assert (out.returncode, out.stdout) == (code, in_process) == (1, in_process)
+    assert json.loads(out.stdout)["summary"]["fail"] > 0
+
+
+def test_a_reader_leaving_early_is_not_an_error() -> None:
+    """``compare --json | head -c 10``: the closed pipe at the last flush is exit 0, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "layerwatch.tui", "compare", str(GOLDEN), str(TARGET), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10) == b'{"summary"'
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert b"Traceback" not in err

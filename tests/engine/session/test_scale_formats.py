@@ -1,0 +1,184 @@
+"""Windowed compare of every dump format: msit and ATB read a token directory at a time,
+msprobe read whole and compared a window of tokens at a time; each gives the whole-run report
+byte for byte, and its memory grows by far less a pair than a whole-run session's.
+
+Dumps: the committed fixtures of the real tools (tests/fixtures/README.md) and synthetic dumps
+of many tokens written in each tool's layout (tests/bench/bench_scale.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from bench.bench_scale import (
+    make_pair,
+    run_compare,
+    write_atb_dump,
+    write_dump,
+    write_msit_dump,
+    write_msprobe_dump,
+)
+from layerwatch.engine.readers import open_dump
+from layerwatch.engine.session.core import CompareSession
+from layerwatch.tui.cli import main
+from support.scale import whole_run_report, windowed_report
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def _synthetic(write: Callable[..., int], sub: str, **faults: object) -> Callable[[Path], tuple]:
+    def make(tmp: Path) -> tuple[Path, Path]:
+        write(tmp / "golden" / sub, 10, 40, noise=0.0, seed=1)
+        write(tmp / "target" / sub, 10, 40, noise=1e-7, seed=2, faults=((3, 5), (6, 2)), **faults)
+        return tmp / "golden", tmp / "target"
+
+    return make
+
+
+def _fixture(golden: str, target: str) -> Callable[[Path], tuple]:
+    return lambda _tmp: (FIXTURES / golden, FIXTURES / target)
+
+
+DUMPS = {
+    "msit": _fixture("msit/golden/msit_dump_fixture", "msit/target/msit_dump_fixture"),
+    "msit-stats": _fixture("msit/stats/msit_dump_fixture", "msit/golden/msit_dump_fixture"),
+    "msprobe": _fixture("msprobe/tensor_golden", "msprobe/tensor_target"),
+    "msprobe-stats": _fixture("msprobe/stats_golden", "msprobe/stats_target"),
+    "atb": _fixture("atb/msit_dump_fixture", "atb/msit_dump_fixture"),
+    "msit-10-tokens": _synthetic(write_msit_dump, "cpu_1", diverge_at=8),
+    "atb-10-tokens": _synthetic(write_atb_dump, "."),
+    "msprobe-10-tokens": _synthetic(write_msprobe_dump, "."),
+    "layerwatch-vs-msit": lambda tmp: (
+        _synthetic(write_dump, "cpu_1")(tmp)[0],
+        _synthetic(write_msit_dump, "cpu_1")(tmp / "m")[1],
+    ),
+}
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+@pytest.mark.parametrize("name", list(DUMPS))
+def test_each_format_compared_in_windows_writes_the_whole_run_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, suffix: str
+) -> None:
+    golden, target = DUMPS[name](tmp_path)
+    whole_run_report(golden, target, tmp_path / f"whole{suffix}")
+    code, windows = windowed_report(golden, target, tmp_path / f"windowed{suffix}", monkeypatch)
+    assert code in (0, 1)
+    assert windows >= 2  # the windowed path ran, a token (or less) at a time
+    assert (tmp_path / f"windowed{suffix}").read_bytes() == (
+        tmp_path / f"whole{suffix}"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize("fmt", ["msit", "atb", "msprobe"])
+def test_memory_grows_by_far_less_a_pair_than_a_whole_run_session(tmp_path: Path, fmt: str) -> None:
+    """Peak RSS of ``compare`` at 6 k and 18 k pairs: the growth over the extra pairs, a pair,
+    is what each pair keeps (the first windows' working set, ~3 of 2 048 tensors, is in both).
+    A whole-run session keeps ~6 KB a pair, the store ~200 B; msprobe, read whole, also parses
+    and keeps every record until its window. Bytes, never seconds: CI machines are shared."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    peaks = []
+    pairs = []
+    for tokens in (6, 18):  # 1 000 tensors a token
+        golden, target, n = make_pair(tmp_path, tokens, 1000, fmt=fmt)
+        peaks.append(run_compare(golden, target, tmp_path / f"r{tokens}.csv").peak_rss)
+        pairs.append(n)
+    per_pair = (peaks[1] - peaks[0]) / (pairs[1] - pairs[0])
+    limit = 4_000 if fmt == "msprobe" else 1_500
+    assert per_pair < limit, (fmt, per_pair, peaks, pairs)
+
+
+def test_ranks_read_at_different_paces_close_a_token_only_when_every_rank_passed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 dumps ten times the tensors of rank 0, so its index is read ten times slower:
+    a window holds a token only once rank 1 has read past it too (else its tensors of that
+    token would come after the window and be compared without the golden spread over them)."""
+    write_dump(tmp_path / "golden" / "rank0", 6, 400, noise=0.0, seed=1)
+    write_dump(tmp_path / "target" / "rank0", 6, 40, noise=1e-7, seed=2)
+    write_dump(tmp_path / "target" / "rank1", 6, 400, noise=1e-7, seed=3, faults=((2, 7),))
+    golden, target = tmp_path / "golden", tmp_path / "target"
+    whole_run_report(golden, target, tmp_path / "whole.json")
+    code, windows = windowed_report(golden, target, tmp_path / "windowed.json", monkeypatch)
+    assert code == 1 and windows >= 2
+    assert (tmp_path / "windowed.json").read_bytes() == (tmp_path / "whole.json").read_bytes()
+
+
+def test_a_per_case_compare_streams_the_report_the_cases_make_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per-case dumps: each case's rows go out as the case is judged; the files and stdout are
+    what the cases compared whole give (the JSON object written at once, ``indent=1``)."""
+    from layerwatch.capture import DumpConfig, case, register_hook
+    from layerwatch.capture.demo import build_model, generate, make_prompt
+    from layerwatch.engine.cases import compare_cases, report_object
+    from layerwatch.engine.report import CSV_COLUMNS, csv_row, json_row
+
+    for name, fault, keys in (("g", None, "abc"), ("t", "rotary_swap", "abq")):
+        model = build_model(fault=fault, layers=4)
+        with register_hook(model, DumpConfig(dump_path=tmp_path / name)):
+            for i, key in enumerate(keys):
+                with case(key):
+                    generate(model, make_prompt(6, seed=10 + i), 6 if i == 1 else 3)
+    g, t = str(tmp_path / "g"), str(tmp_path / "t")
+    updates = {
+        s: open_dump(p, side=s).poll(None, final=True) for s, p in (("golden", g), ("target", t))
+    }
+    cases = compare_cases(updates, lambda: CompareSession(jobs=1, side_stats=True))
+    rows = [{"case": c.key, **json_row(r)} for c in cases for r in c.results]
+    assert rows and [c.verdict for c in cases] == ["pass", "fail", "unpaired", "unpaired"]
+    obj = {**report_object(cases), "rows": rows}
+    n = 0
+    with io.StringIO() as text:
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["case", *CSV_COLUMNS])
+        for c in cases:
+            for r in c.results:
+                writer.writerow([c.key, *csv_row(r, n)])
+                n += 1
+        want = {
+            ".csv": text.getvalue(),
+            ".json": json.dumps(obj, indent=1) + "\n",
+            ".jsonl": "".join(json.dumps(row) + "\n" for row in rows)
+            + json.dumps({k: v for k, v in obj.items() if k != "rows"})
+            + "\n",
+        }
+    for suffix, expected in want.items():
+        out = tmp_path / f"r{suffix}"
+        assert main(["compare", g, t, "-o", str(out), "--jobs", "1"]) == 1
+        assert out.read_text() == expected, suffix
+    capsys.readouterr()
+    assert main(["compare", g, t, "--json", "--jobs", "1"]) == 1
+    assert capsys.readouterr().out == want[".json"]
+
+
+@pytest.mark.parametrize(
+    ("write", "sub", "room"),
+    [
+        (write_msit_dump, "cpu_1", "161M"),
+        (write_atb_dump, ".", "161M"),
+        (write_msprobe_dump, ".", "180M"),
+    ],
+)
+def test_the_memory_check_counts_each_formats_pairs_before_comparing(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    write: Callable[..., int],
+    sub: str,
+    room: str,
+) -> None:
+    """msit and ATB: estimated from the first token's files (no record read); msprobe: its
+    records, read whole, cost a pair more while they wait for their window."""
+    for side in ("golden", "target"):
+        write(tmp_path / side / sub, 20, 400, noise=0.0, seed=1)
+    g, t = str(tmp_path / "golden"), str(tmp_path / "target")
+    assert main(["compare", g, t, "--max-memory", room]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "8 000 pairs" in err and "--tokens 0-" in err, err
+    assert main(["compare", g, t, "--max-memory", "4G", "--jobs", "1"]) == 0

@@ -1,0 +1,242 @@
+"""A result store that spills its full chunks to disk: the same rows and reports as in RAM,
+its files gone at close and on error, a full disk one line with the report kept, and RAM that
+does not grow with the pairs (engine/session/store.py, engine/session/budget.py).
+
+Chunks are made small (module constants patched, in-process or by a wrapper in the child) so
+a few thousand real pairs spill many chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bench.bench_scale import write_dump
+from layerwatch.engine.readers import open_dump
+from layerwatch.engine.records import PairResult, TensorKey, Verdict
+from layerwatch.engine.session import budget, store
+from layerwatch.engine.session.core import CompareSession
+from layerwatch.engine.session.store import ROW, ResultStore
+
+SMALL = "import layerwatch.engine.session.store as s; s.CHUNK, s.POOL_CHUNK = {}, {}\n"
+CLI_MAIN = "import sys\nfrom layerwatch.tui.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def _cli(rows: int = 256, pool: int = 512, before: str = "") -> list[str]:
+    """``layerwatch`` in a child whose store chunks hold ``rows`` rows, ``pool`` values."""
+    return [sys.executable, "-c", SMALL.format(rows, pool) + before + CLI_MAIN]
+
+
+def _dumps(tmp: Path, tokens: int, tensors: int, **target: object) -> tuple[Path, Path]:
+    write_dump(tmp / "golden" / "cpu_1", tokens, tensors, noise=0.0, seed=1)
+    write_dump(tmp / "target" / "cpu_2", tokens, tensors, noise=1e-7, seed=2, **target)  # type: ignore[arg-type]
+    return tmp / "golden", tmp / "target"
+
+
+def _results(golden: Path, target: Path) -> list[PairResult]:
+    session = CompareSession(jobs=1, side_stats=True)
+    for side, path in (("golden", golden), ("target", target)):
+        session.add_update(side, open_dump(path, side=side).poll(None, final=True))  # type: ignore[attr-defined]
+        session.finish(side)
+    session.flush()
+    return session.results()
+
+
+def _open_fds_in(directory: Path) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(directory)):
+            found.append(target)
+    return found
+
+
+def test_a_spilled_store_gives_back_what_the_in_ram_store_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "CHUNK", 64)
+    monkeypatch.setattr(store, "POOL_CHUNK", 100)
+    golden, target = _dumps(tmp_path, 10, 40, faults=((2, 3),))
+    results = _results(golden, target)
+    odd = PairResult(TensorKey(9, "n", "output"), Verdict.ERROR, {"a": math.nan, "b": -0.0})
+    results.append(odd)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    ram, disk = ResultStore(), ResultStore(spill)
+    for at in range(0, len(results), 77):  # batches that straddle chunks
+        ram.append(results[at : at + 77])
+        disk.append(results[at : at + 77])
+    assert len(disk) == len(ram) == len(results) > 6 * 64
+    assert disk.disk_bytes >= 6 * 64 * ROW.itemsize and not ram.disk_bytes
+    assert disk.nbytes <= 64 * ROW.itemsize + 100 * 8  # only the chunks being filled
+    for i in [*range(len(results)), *reversed(range(len(results)))]:  # the cache turns over
+        assert json.dumps(disk.row(i)) == json.dumps(ram.row(i))
+        a, b = disk.result(i), ram.result(i)
+        assert (a.key, a.verdict, a.failed, a.reason, a.order, a.block, a.is_logits) == (
+            b.key,
+            b.verdict,
+            b.failed,
+            b.reason,
+            b.order,
+            b.block,
+            b.is_logits,
+        )
+        assert a.golden == b.golden and a.target == b.target
+    for name in ROW.names:
+        assert (disk.column(name) == ram.column(name)).all(), name
+    assert math.isnan(disk.metrics(len(results) - 1)["a"])
+    assert len(disk._cache) <= store.CACHED  # reads do not bring the store back
+    disk.close()
+    ram.close()
+
+
+def test_spill_files_are_removed_at_close_and_when_dropped(tmp_path: Path) -> None:
+    record = PairResult(TensorKey(0, "n", "output"), Verdict.PASS, {"x": 0.5})
+    unnamed = ResultStore(tmp_path)
+    unnamed.append([record] * (store.CHUNK + 1))
+    assert unnamed.disk_bytes and not list(tmp_path.iterdir())  # O_TMPFILE: no name at all
+    assert _open_fds_in(tmp_path)
+    unnamed.close()
+    assert not _open_fds_in(tmp_path)
+    dropped = ResultStore(tmp_path)
+    dropped.append([record] * (store.CHUNK + 1))
+    del dropped  # a run that ends in an exception drops its store
+    assert not _open_fds_in(tmp_path)
+    with ResultStore(tmp_path, keep=True) as kept:
+        kept.append([record] * (store.CHUNK + 1))
+        paths = kept.spill_paths
+    assert len(paths) == 2 and all(p.exists() for p in paths)  # kept: named, left
+    assert paths[0].stat().st_size == store.CHUNK * ROW.itemsize  # the one full chunk
+
+
+def test_a_spilled_compare_writes_the_same_report_byte_for_byte(tmp_path: Path) -> None:
+    golden, target = _dumps(tmp_path, 14, 200, faults=((3, 5),), diverge_at=11)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reports = {}
+    for mode in ("never", "always"):
+        for suffix in (".csv", ".jsonl"):
+            out = tmp_path / f"{mode}{suffix}"
+            done = subprocess.run(
+                [*_cli(), "compare", str(golden), str(target), "-o", str(out), "--jobs", "1"],
+                env={**env, "LAYERWATCH_SPILL": mode},
+                capture_output=True,
+                text=True,
+            )
+            assert done.returncode == 1, done.stderr  # the fault is found either way
+            reports[mode, suffix] = out.read_bytes()
+    for suffix in (".csv", ".jsonl"):
+        assert reports["always", suffix] == reports["never", suffix]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted(
+        f"{m}{s}" for m in ("never", "always") for s in (".csv", ".jsonl")
+    )  # nothing beside the reports
+    said = subprocess.run(
+        [*_cli(), "compare", str(golden), str(target), "--jobs", "1"],
+        env={**env, "LAYERWATCH_SPILL": "always", "LAYERWATCH_SPILL_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert said.returncode == 1 and "note: results spilled to disk" in said.stdout, said.stdout
+
+
+def test_too_big_for_memory_spills_instead_of_refusing(tmp_path: Path) -> None:
+    """What was refused before (tests/engine/session/test_scale.py) runs on disk when only
+    the store does not fit; what does not fit even spilled is still the one line."""
+    big = budget.Estimate(8_000_000, 4_000, windowed=True)
+    plan = budget.check(big, 1 << 30, tmp_path)  # 2 GB in RAM, 1 GB allowed
+    assert plan.spill == tmp_path and plan.nbytes < 1 << 30 < big.nbytes
+    assert budget.check(budget.Estimate(1000, 1, windowed=True), 1 << 30, tmp_path).spill is None
+    with pytest.raises(budget.LayerwatchError, match="--tokens 0-"):
+        budget.check(big, 200 << 20, tmp_path)  # not even the window and the spill's cache
+    free = shutil.disk_usage(tmp_path).free
+    huge = budget.Estimate(free // budget.DISK_BYTES + 1, 1, windowed=True)
+    with pytest.raises(budget.LayerwatchError, match="spilled to disk they need") as err:
+        budget.check(huge, 1 << 33, tmp_path)
+    assert "\n" not in str(err.value)
+    whole = budget.Estimate(1_000_000, 10, windowed=False)  # a whole-run session cannot spill
+    with pytest.raises(budget.LayerwatchError):
+        budget.check(whole, 1 << 30, tmp_path)
+
+
+def test_a_full_disk_while_spilling_is_one_line_and_keeps_the_rows(tmp_path: Path) -> None:
+    """A 512 KB tmpfs (in a private mount namespace: nothing is left mounted) holds the spill;
+    the report is elsewhere and keeps the rows written before the write that failed. The disk
+    check before the run is told each pair needs nothing (as if the disk filled up later)."""
+    unshare = shutil.which("unshare")
+    probe = subprocess.run(
+        [unshare or "unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {tmp_path}"],
+        capture_output=True,
+    )
+    if unshare is None or probe.returncode:
+        pytest.skip("no private mount namespace here to make a small tmpfs in")
+    golden, target = _dumps(tmp_path / "dumps", 30, 400)
+    spill, report = tmp_path / "spill", tmp_path / "report.csv"
+    spill.mkdir()
+    unchecked = "import layerwatch.engine.session.budget as b; b.DISK_BYTES = 0\n"
+    command = [*_cli(1024, 512, unchecked), "compare", str(golden), str(target), "-o", str(report)]
+    script = f'mount -t tmpfs -o size=512k tmpfs {spill} && exec "$@"'
+    done = subprocess.run(
+        [unshare, "-rm", "sh", "-c", script, "sh", *command, "--jobs", "1"],
+        env={**os.environ, "LAYERWATCH_SPILL": "always", "LAYERWATCH_SPILL_DIR": str(spill)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "spilling results to" in done.stderr and "No space left" in done.stderr
+    lines = report.read_text().splitlines()
+    assert lines[-1].startswith("# incomplete: stopped after "), lines[-1]
+    rows = int(lines[-1].split("after ")[1].split()[0])
+    assert 0 < rows < 12_000 and rows == len(lines) - 2
+    assert [int(line.split(",")[1]) for line in lines[1:-1]] == list(range(rows))
+
+
+_RSS = """
+import sys, numpy as np
+from layerwatch.engine.records import PairResult, TensorKey, Verdict
+from layerwatch.engine.session.store import ResultStore
+
+def kb(field):
+    with open("/proc/self/status") as fh:
+        return int(next(l for l in fh if l.startswith(field)).split()[1])
+
+rng = np.random.default_rng(0)
+batch = [
+    PairResult(TensorKey(0, f"node{i % 500}", "output"), Verdict.PASS,
+               {m: float(v) for m, v in zip("abcdef", rng.random(6))})
+    for i in range(10_000)
+]
+store = ResultStore(sys.argv[1] if len(sys.argv) > 1 else None)
+start = kb("VmRSS")
+for _ in range(100):
+    store.append(batch)
+assert len(store) == 1_000_000
+tokens = store.column("token")
+rows = [store.row(i)["metrics"]["a"] for i in range(0, len(store), 997)]
+print(kb("VmHWM") - start, store.disk_bytes)
+"""
+
+
+def test_ram_of_a_spilled_store_does_not_grow_with_its_pairs(tmp_path: Path) -> None:
+    """A million pairs: in RAM ~150 MB of columns, spilled only the chunks being filled and
+    the read cache (~45 MB at most), after a full column scan and reads all over the store.
+    Peak RSS, with margins of tens of MB either side: not a flaky figure."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    grown = {}
+    for name, extra in (("ram", []), ("spill", [str(tmp_path)])):
+        out = subprocess.run(
+            [sys.executable, "-c", _RSS, *extra], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        kb, disk = map(int, out.stdout.split())
+        grown[name] = kb * 1024
+        assert (disk > 100_000_000) == (name == "spill")
+    assert grown["ram"] > 130 << 20, grown  # the measurement sees the store
+    assert grown["spill"] < 64 << 20, grown  # measured ~33 MB
