@@ -320,7 +320,11 @@ def write_report(
     every call). A file system error becomes one line naming ``path`` (a LayerwatchError).
     """
     stream = ReportStream(path)
-    stream.add(session.results() if results is None else results)
+    if results is None and hasattr(session, "results_by_token"):  # a live session: by token
+        for part in session.results_by_token():
+            stream.add(part)
+    else:
+        stream.add(session.results() if results is None else results)
     stream.finish(session)
     return str(path)
 
@@ -354,7 +358,14 @@ def conclude(
     is false and a report file was written (``compare -o`` prints nothing, as it always has).
     Mismatched dumps (:func:`mismatch`) then end as a LayerwatchError: one line, exit 2.
     """
-    if stream is None:
+    if stream is None and hasattr(session, "results_by_token"):  # a live session: by token
+        stream = ReportStream(output, out if as_json else None)
+        for part in session.results_by_token():
+            stream.add(part)
+        if not stream.rows:
+            stream.discard()
+            raise LayerwatchError(f"nothing to compare: {empty}")
+    elif stream is None:
         results = session.results()
         if not results:
             raise LayerwatchError(f"nothing to compare: {empty}")

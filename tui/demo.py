@@ -64,7 +64,9 @@ def build_pipeline(args: argparse.Namespace, out: Path):  # -> LivePipeline
         sides[name] = SideSpec(
             where, LaunchSpec(cmd, where, CaptureOptions(), log=out / f"{name}.log")
         )
-    return LivePipeline(sides["golden"], sides["target"], session=CompareSession()), fault
+    return LivePipeline(
+        sides["golden"], sides["target"], session=CompareSession(compact=True)
+    ), fault
 
 
 def demo_main(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ def _session(args: argparse.Namespace, tokens: str | None = None) -> Any:
         jobs=getattr(args, "jobs", 0) or 0,
         auto_map=True if getattr(args, "auto_map", False) else None,
         side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
+        compact=True,  # settled tokens kept as store rows (engine/session/settled.py)
     )
     session.operator_check = precheck_sentence  # the operator view adds the op's own precheck
     return session

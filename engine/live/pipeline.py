@@ -192,8 +192,11 @@ class LivePipeline:
         next_flush = time.monotonic()
         dirty = True
         while not self._stop.is_set():
+            reading = any(side.chunked for side in self.sides.values())
             batch = self._take(
-                timeout=max(0.0, min(FLUSH_S, next_flush - time.monotonic())) or 0.02
+                timeout=0.0
+                if reading  # a finished dump is being read a part a round: no waiting
+                else max(0.0, min(FLUSH_S, next_flush - time.monotonic())) or 0.02
             )
             if batch is None:
                 return
@@ -220,7 +223,7 @@ class LivePipeline:
             if batch:
                 dirty = True
             now = time.monotonic()
-            if (dirty or self._runs or self._notes) and now >= next_flush:
+            if (dirty or self._runs or self._notes) and (now >= next_flush or reading):
                 self._flushing = True
                 result = self.session.flush()
                 self._flushing = False

@@ -34,6 +34,9 @@ QUIET_S = 0.25
 """After a launched command exits: wait this long for the watcher to go quiet (or 2 s)."""
 REOPEN_S = 0.5
 """How often to look for a recognisable dump while none is open yet."""
+CHUNK_BYTES = 1 << 20
+"""Index bytes of a finished dump read a worker round (``open``): the session compares and
+settles each part before the next is read, so its records never all sit in memory at once."""
 
 
 @dataclass
@@ -86,6 +89,10 @@ class LiveSide:
         self._state = "launching" if self.child else "waiting"
         self._message = ""
         self._status: RunStatus | None = None
+        self.chunked = False
+        """A finished dump read a part at a time (:data:`CHUNK_BYTES`) until its index is
+        consumed; then the usual final poll."""
+        self._chunk_top = -1
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(
@@ -152,7 +159,32 @@ class LiveSide:
         if self.child is None:
             self._state = "attached"
         self._last_new = time.monotonic()
+        if not self.spec.watch and self.child is None and hasattr(self.reader, "poll_chunk"):
+            self.chunked = True
+            return self._next_chunk()
         return self._poll(None)
+
+    def _next_chunk(self) -> list[ReaderUpdate]:
+        """The next part of a finished dump's index; ``chunked`` goes False once it is all read."""
+        reader = self.reader
+        assert reader is not None
+        try:
+            update = reader.poll_chunk(CHUNK_BYTES)  # type: ignore[attr-defined]
+        except LayerwatchError as exc:
+            self.notes.append(str(exc))
+            update = None
+        except Exception as exc:  # a reader bug must not stop the other side
+            self.notes.append(f"reading {self.spec.dir} failed: {type(exc).__name__}: {exc}")
+            update = None
+        if update is None:
+            self.chunked = False
+            return []
+        top = max((r.key.token for r in update.tensors), default=self._chunk_top)
+        if top > self._chunk_top + 2:  # index order is token order: older keys do not recur
+            self._chunk_top = top
+            reader.forget_before(top - 2)  # type: ignore[attr-defined]
+        self._last_new = time.monotonic()
+        return [update] if update else []
 
     def _poll(self, changed: list[Path] | None, *, final: bool = False) -> list[ReaderUpdate]:
         assert self.reader is not None
@@ -180,6 +212,8 @@ class LiveSide:
         updates: list[ReaderUpdate] = []
         if self.finished:
             return updates, False
+        if self.chunked:
+            return self._next_chunk(), False
         if self.reader is None and now >= self._next_open:
             updates += self._try_open()
         if self.child is not None:

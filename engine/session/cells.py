@@ -70,6 +70,25 @@ def aggregate(
     return CellUpdate(token, block, state, tuple(worst), pairs, failed, first_bad)
 
 
+def merge_cells(a: CellUpdate | None, b: CellUpdate) -> CellUpdate:
+    """Two aggregates of one cell as one (a live session's settled part and its live part)."""
+    if a is None:
+        return b
+    worst = tuple(
+        y if x != x else x if y != y else (min(x, y) if lower else max(x, y))
+        for x, y, lower in zip(a.worst, b.worst, _LOWER_IS_WORSE, strict=True)
+    )
+    return CellUpdate(
+        b.token,
+        b.block,
+        max(a.state, b.state),
+        worst,
+        a.pairs + b.pairs,
+        a.failed + b.failed,
+        a.first_bad or b.first_bad,
+    )
+
+
 def same_cell(a: CellUpdate | None, b: CellUpdate) -> bool:
     """Equality that treats NaN == NaN (dataclass equality does not)."""
     if a is None:

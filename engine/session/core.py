@@ -11,7 +11,7 @@ methods from the UI thread — one lock guards the state and is never held while
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -38,7 +38,7 @@ from layerwatch.engine.seam import (
 )
 from layerwatch.engine.session import findings
 from layerwatch.engine.session.align import align_positions
-from layerwatch.engine.session.cells import aggregate, rank_cells, same_cell
+from layerwatch.engine.session.cells import aggregate, merge_cells, rank_cells, same_cell
 from layerwatch.engine.session.findings import part_of
 from layerwatch.engine.session.jobs import CompareFn, JobRunner, Work, rejudge
 from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
@@ -67,8 +67,10 @@ class CompareSession(SessionState):
         auto_map: bool | None = None,
         compare: CompareFn | None = None,
         side_stats: bool = False,
+        compact: bool = False,
     ) -> None:
         super().__init__()
+        self.compact = compact
         if thresholds is None or isinstance(thresholds, str | Path):
             from layerwatch.engine.numerics.thresholds import Thresholds
 
@@ -183,12 +185,15 @@ class CompareSession(SessionState):
                     same = _payload_key(item)
                     if same is not None:
                         self._reuse[same] = result
+                        if self.compact:
+                            self._reuse_at[source.golden.key.token].append(same)
                     self._store(source, result)
                 for source, item, same in copies:
                     self._store(source, rejudge(item, self._reuse[same], self.thresholds))
                 if not work and not copies:
                     self._refresh()
                 batch = self._batch()
+                self._settle()
         if self.sink is not None and _worth_sending(batch):
             self.sink.on_batch(batch)
         return batch
@@ -240,14 +245,14 @@ class CompareSession(SessionState):
             top_id = max(
                 (max(ids) for ids in self._token_ids["golden"].values() if ids), default=-1
             )
+            raws = [p.raw for p in self._pairs.values() if p.logits and p.gkey.token == step]
+            raws += self.settled.logits_at(step)  # judged as they were compared: never diverged
             logits = [
-                p.raw
-                for p in self._pairs.values()
-                if p.logits
-                and p.gkey.token == step
-                and p.raw is not None
-                and p.raw.metrics
-                and (p.raw.golden is None or p.raw.golden.shape[-1:] > (top_id,))
+                r
+                for r in raws
+                if r is not None
+                and r.metrics
+                and (r.golden is None or r.golden.shape[-1:] > (top_id,))
             ]
             margin: float | None = None
             near_tie: bool | None = None
@@ -255,7 +260,7 @@ class CompareSession(SessionState):
                 flipped = [r for r in logits if r.metrics.get(TOP1, 1.0) < 1.0] or logits
                 margin = max(float(r.metrics.get(MARGIN, 0.0)) for r in flipped)
                 near_tie = not any(TOP1 in r.failed or MARGIN in r.failed for r in flipped)
-            later = {k.token for side in SIDES for k in self._records[side] if k.token >= at}
+            later = {t for side in SIDES for t in self._tokens_seen[side] if t >= at}
             return Divergence(
                 token=step,
                 golden_id=golden[-1] if golden else -1,
@@ -275,7 +280,8 @@ class CompareSession(SessionState):
         """Per side: (tokens seen, tensors seen), for status lines."""
         with self._lock:
             return {
-                s: (len({k.token for k in self._records[s]}), len(self._records[s])) for s in SIDES
+                s: (len(self._tokens_seen[s]), len(self._records[s]) + self.settled.tensors[s])
+                for s in SIDES
             }
 
     def results(self) -> list[PairResult]:
@@ -283,8 +289,26 @@ class CompareSession(SessionState):
         with self._lock:
             out = [p.eff for p in self._pairs.values() if p.eff is not None]
             out.extend(self._unpaired_results())
+            out.extend(self.settled.results())
             out.sort(key=findings.report_key)
             return out
+
+    def results_by_token(self) -> Iterator[list[PairResult]]:
+        """:meth:`results` a token at a time, in the same order: a report of a long live
+        session is written without every PairResult in memory at once."""
+        with self._lock:
+            live: dict[int, list[PairResult]] = {}
+            for r in [p.eff for p in self._pairs.values() if p.eff is not None]:
+                live.setdefault(r.key.token, []).append(r)
+            for r in self._unpaired_results():
+                live.setdefault(r.key.token, []).append(r)
+            tokens = sorted(live.keys() | self.settled.ranges.keys())
+        for token in tokens:
+            with self._lock:
+                out = live.pop(token, [])
+                out.extend(self.settled.results(self.settled.rows_of(token)))
+            out.sort(key=findings.report_key)
+            yield out
 
     def cells(self) -> dict[tuple[int, int], CellUpdate]:
         """The current grid: (token, block) → cell, for every non-empty cell."""
@@ -319,12 +343,16 @@ class CompareSession(SessionState):
                 result = self._result_of(tag, key)
                 if result is not None:
                     out.append(result)
+            if token in self.settled.ranges:
+                out.extend(self.settled.in_block(token, block))
             out.sort(key=findings.report_key)
             return out
 
     def inputs_of(self, result: PairResult) -> list[PairResult]:
         with self._lock:
             found = [r for r in self._inputs(result.key) if r is not None]
+            if result.key.token in self.settled.ranges:
+                found += self.settled.inputs(result.key)
             return sorted(found, key=findings.report_key)
 
     def explain(self, result: PairResult) -> PairDetail:
@@ -357,6 +385,11 @@ class CompareSession(SessionState):
                 for stem in CALL_STEMS
                 if (k := TensorKey(key.token, key.node, stem, key.rank)) in side
             }
+            if key.token in self.settled.ranges:  # settled pairs keep golden keys
+                for r in self.settled.records_at(result.key, "target"):
+                    k = TensorKey(key.token, key.node, r.key.stem, key.rank)
+                    if r.key.stem in CALL_STEMS and r.target is not None and k not in records:
+                        records[k] = r.target
             topology = self._topo.get("target")
             weights = dict(self._weights["target"])
         return self.operator_check(result.target, records, topology, weights)
@@ -389,18 +422,23 @@ class CompareSession(SessionState):
         self._set_eff(pair)
 
     def _refresh_findings(self) -> None:
-        tokens = sorted(self._fails)
+        settled = self.settled.findings
+        tokens = sorted(self._fails.keys() | settled.keys())
         first = cause = None
         for i, token in enumerate(tokens):
-            failures = [
-                r for r in (self._pairs[k].eff for k in self._fails[token]) if r is not None
+            live = [
+                r for r in (self._pairs[k].eff for k in self._fails.get(token, ())) if r is not None
             ]
+            done = settled.get(token)  # its candidates were taken when the token settled
             if i == 0:
-                first = findings.first_failure(failures)
-            cause = findings.root_cause(failures, self._inputs)
+                extra = [self.settled.result(done.first)] if done is not None else []
+                first = findings.first_failure(live + extra)
+            if done is not None and done.cause >= 0:
+                cause = (self.settled.result(done.cause), done.captured)
+            else:
+                cause = findings.root_cause(live, self._inputs)
             if cause is not None:
                 break
-        old_first = self._first_failure
         old_first = self._first_failure
         self._first_failure = self._finding(first) if first is not None else None
         if cause is None:
@@ -495,6 +533,7 @@ class CompareSession(SessionState):
             token, block = cell
             results, waiting = self._cell_contents(cell)
             update = aggregate(token, block, results, waiting, cell == self._first_bad_cell)
+            update = merge_cells(self.settled.cells.get(cell), update)
             previous = self._emitted.get(cell)
             if update.pairs == 0 and not waiting:
                 if previous is not None:
@@ -570,7 +609,7 @@ class CompareSession(SessionState):
 
     def _uncompared(self) -> int:
         """Pairs without a result yet (every result is counted once in ``_counts``)."""
-        return len(self._pairs) - sum(self._counts.values())
+        return len(self._pairs) + self._n_settled - sum(self._counts.values())
 
     def _summary(self) -> Summary:
         counts = self._counts

@@ -33,15 +33,21 @@ from layerwatch.engine.records import (
     Verdict,
 )
 from layerwatch.engine.seam import CellUpdate, Finding
+from layerwatch.engine.session import findings
 from layerwatch.engine.session.blocks import BlockLayout, layout_for, topology_from_names
-from layerwatch.engine.session.cells import is_failure
+from layerwatch.engine.session.cells import is_failure, same_cell
 from layerwatch.engine.session.findings import part_of, stem_sort
+from layerwatch.engine.session.settled import SettledTokens
 
 if TYPE_CHECKING:
     from layerwatch.engine.numerics.thresholds import Thresholds
     from layerwatch.engine.session.pairing import Pairer
 
 SIDES = ("golden", "target")
+_INT32 = (-(1 << 31), 1 << 31)
+SETTLE_LAG = 2
+"""A token settles once both runs have records this many tokens past it (or finished): the
+files of one token can land out of order (msit writes a directory per token), not two apart."""
 Member = tuple[str, TensorKey]
 """``("g", golden key)`` for golden records (paired or not), ``("t", target key)`` for unpaired target records."""
 
@@ -124,6 +130,18 @@ class SessionState:
         self._notes: list[str] = []
         self._new_notes: list[str] = []
         self._note_set: set[str] = set()
+        self.compact = False
+        """Settle judged tokens into :attr:`settled` and forget their records (live sessions:
+        ~200 bytes a pair instead of ~5 KB). Off for the headless compares, which drop whole
+        sessions a window at a time (engine/session/windowed.py)."""
+        self.settled = SettledTokens()
+        self._n_settled = 0
+        self._keys_at: dict[str, dict[int, set[TensorKey]]] = {s: defaultdict(set) for s in SIDES}
+        """Live records by side and token (only when :attr:`compact`): what settling drops."""
+        self._top = {s: -1 for s in SIDES}
+        self._tokens_seen: dict[str, set[int]] = {s: set() for s in SIDES}
+        self._reuse_at: dict[int, list[tuple[object, ...]]] = defaultdict(list)
+        """Payload keys of ``_reuse`` (core.py) by token, dropped when the token settles."""
 
     @property
     def _logits_seen(self) -> bool:
@@ -155,8 +173,16 @@ class SessionState:
             )
             if _tiebreak(record) >= _tiebreak(old):
                 return
+        if old is None and key.token in self.settled.ranges and self._is_settled(side, key):
+            return  # reported again after its token settled: judged already
         store[key] = record
         self._leftover_dirty = True
+        if old is None:
+            self._tokens_seen[side].add(key.token)
+            if key.token > self._top[side]:
+                self._top[side] = key.token
+            if self.compact:
+                self._keys_at[side][key.token].add(key)
         if side == "golden":
             info = self._gnodes.get(key.node)
             if (
@@ -246,6 +272,107 @@ class SessionState:
         for key in self._gonly if other == "g" else self._tonly:
             self._changed.add((other, key))
         self._dirty_cells.update(self._members)
+
+    # --- settling (live sessions) -----------------------------------------------------------
+    def _is_settled(self, side: str, key: TensorKey) -> bool:
+        gkey = key if side == "golden" else self.pairer.golden_key(key)
+        return gkey is not None and self.settled.holds(gkey)
+
+    def _settleable(self, token: int) -> bool:
+        """Nothing can change ``token``'s pairs any more: both runs are past it (or finished),
+        its input ids are known (so a divergence cannot reach back to it), the pairing and the
+        grid's columns rest on a topology, and every pair at it is judged. Unpaired tensors at
+        it stay live (their partner may still come)."""
+        if token in self.settled.ranges:
+            return False
+        for side in SIDES:
+            if not self._finished[side] and self._top[side] < token + SETTLE_LAG:
+                return False
+        if any(self._token_ids.values()) and not all(
+            self._finished[s] or token in self._token_ids[s] for s in SIDES
+        ):
+            return False
+        if self._struct_dirty or self._names_dirty or self._divergence_dirty:
+            return False
+        if self._topo["golden"] is None and not all(self._finished.values()):
+            return False
+        for gkey in self._keys_at["golden"].get(token, ()):
+            pair = self._pairs.get(gkey)
+            if pair is not None and (pair.eff is None or gkey in self._todo):
+                return False
+        return True
+
+    def _settle(self) -> None:
+        """Hand every settleable token's judged pairs to :attr:`settled` (in token order,
+        stopping at the first token that is not), dropping their records and results."""
+        if not self.compact:
+            return
+        for token in sorted(self._keys_at["golden"]):
+            if token in self.settled.ranges:
+                continue  # its unpaired tensors (and late pairs) stay live
+            if not self._settleable(token) or not self._settle_token(token):
+                break
+
+    def _settle_token(self, token: int) -> bool:
+        gkeys = self._keys_at["golden"][token]
+        pairs = [p for k in gkeys if (p := self._pairs.get(k)) is not None]
+        results: list[PairResult] = [p.eff for p in pairs if p.eff is not None]
+        if not all(_INT32[0] <= r.order < _INT32[1] for r in results):
+            return False  # an order the store's int32 column cannot hold: stays live
+        results.sort(key=findings.report_key)
+        failures = [r for r in results if is_failure(r)]
+        first = findings.first_failure(failures)
+        cause = findings.root_cause(failures, self._inputs) if failures else None
+        self.settled.add_token(token, results, first, cause)
+        for cell, settled in self.settled.cells_of(token):
+            shown = self._emitted.get(cell)
+            if (
+                cell not in self._members
+                and shown is not None
+                and not shown.first_bad
+                and same_cell(shown, settled)
+            ):
+                self._emitted[cell] = settled  # one object for both
+        self._n_settled += len(results)
+        golden, target = self._records["golden"], self._records["target"]
+        tkeys = self._keys_at["target"].get(token)
+        for pair in pairs:
+            gkey, tkey = pair.gkey, pair.tkey
+            del self._pairs[gkey]
+            golden.pop(gkey, None)
+            target.pop(tkey, None)
+            gkeys.discard(gkey)
+            if tkeys is not None:
+                tkeys.discard(tkey)
+            self._tmap.pop(tkey, None)
+            cands = self._by_g.get(gkey)
+            if cands is not None:
+                cands.discard(tkey)
+                if not cands:
+                    del self._by_g[gkey]
+            member: Member = ("g", gkey)
+            where = self._member_cell.get(member)
+            if where is not None:
+                del self._member_cell[member]
+                members = self._members[where]
+                members.discard(member)
+                if not members:
+                    del self._members[where]
+            self._changed.discard(member)
+            node = (gkey.token, gkey.rank, gkey.node)
+            same = self._node_keys.get(node)
+            if same is not None:
+                same.discard(gkey)
+                if not same:
+                    del self._node_keys[node]
+        if not gkeys:
+            del self._keys_at["golden"][token]
+        if tkeys is not None and not tkeys:
+            del self._keys_at["target"][token]
+        self._fails.pop(token, None)
+        for payload in self._reuse_at.pop(token, ()):
+            self._reuse.pop(payload, None)  # type: ignore[attr-defined]
+        return True
 
     # --- results ---------------------------------------------------------------------------
     def _order_of(self, side: str, record: TensorRecord) -> int:
@@ -510,6 +637,12 @@ class SessionState:
             self._blocks_changed = True
             self._emitted.clear()
         self._layout = new
+        if self.settled.blocks:
+            moved = {k: new.block_of(*k) for k in self.settled.blocks}
+            if moved != self.settled.blocks:
+                self._dirty_cells.update(self.settled.cells)
+                self.settled.relayout(moved)
+                self._dirty_cells.update(self.settled.cells)
         for member in (
             list(self._member_cell)
             + [("g", k) for k in self._records["golden"]]

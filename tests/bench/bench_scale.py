@@ -482,14 +482,17 @@ def run_compare(
     spill: str = "auto",
     byte_chunks: bool = False,
     whole: bool = False,
+    command: str = "compare",
 ) -> Figures:
-    """``layerwatch compare`` in a fresh process (``whole``: the whole-run session instead);
-    its own peak RSS. ``byte_chunks``: windows read the way they were before the column index
-    (for same-run ratios)."""
+    """``layerwatch compare`` (or ``open --headless``: the live session) in a fresh process
+    (``whole``: the whole-run session instead); its own peak RSS. ``byte_chunks``: windows read
+    the way they were before the column index (for same-run ratios)."""
     if whole:
         cmd = [sys.executable, "-c", _WHOLE, str(golden), str(target), str(report)]
     else:
-        cmd = [sys.executable, "-c", _WRAPPER, "compare", str(golden), str(target)]
+        cmd = [sys.executable, "-c", _WRAPPER, command, str(golden), str(target)]
+        if command == "open":
+            extra = ("--headless", "--jobs", "1", *extra)
         cmd += ["-o", str(report), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LAYERWATCH_SPILL": spill}
     if byte_chunks:
@@ -513,13 +516,15 @@ def measure(
     byte_chunks: bool = False,
     fmt: str = "layerwatch",
     whole: bool = False,
+    command: str = "compare",
 ) -> dict[str, float]:
     """Pairs/s, peak RSS and bytes a pair above start-up for about ``pairs`` pairs of ``fmt``
     dumps (``spill``: the store in RAM ``never``, on disk ``always``, or as the budget decides;
-    ``whole``: the whole-run session, the path before windows)."""
+    ``whole``: the whole-run session, the path before windows; ``command``: ``compare``, or
+    ``open`` for the live session behind ``open``/``watch``/``run``)."""
     tensors = min(tensors, pairs)
     tokens = max(1, round(pairs / (2 * len(nodes_for(tensors)))))
-    how = {"spill": spill, "byte_chunks": byte_chunks, "whole": whole}
+    how = {"spill": spill, "byte_chunks": byte_chunks, "whole": whole, "command": command}
     g0, t0, _ = make_pair(work, 1, tensors, fmt=fmt)
     base = run_compare(g0, t0, work / f"base{suffix}", **how)
     golden, target, n = make_pair(work, tokens, tensors, fmt=fmt)
@@ -540,6 +545,99 @@ def time_open(golden: Path) -> tuple[int, float]:
     start = time.perf_counter()
     update = open_dump(str(golden), side="golden").poll(None, final=True)
     return len(update.tensors), time.perf_counter() - start
+
+
+def tui_child(golden: Path, target: Path, seconds: float) -> None:
+    """In a fresh process: the TUI (headless ``run_test``, 200×50) over ``open`` of the two
+    dumps — the live session, settling tokens as it reads them. Prints one ``@@TUI`` line of
+    JSON: load time, frame and key→frame figures while loading and once loaded, RSS."""
+    import asyncio
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_tui import Probe, key_latencies, rss_mb
+    from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
+    from layerwatch.engine.session.core import CompareSession
+    from layerwatch.tui.app import LayerwatchApp
+    from layerwatch.tui.grid import LayerGrid
+
+    async def run() -> dict[str, object]:
+        session = CompareSession(jobs=1, compact=True)
+        source = LivePipeline(
+            attach_spec(golden, idle_s=0, watch=False),
+            attach_spec(target, idle_s=0, watch=False),
+            session=session,
+        )
+        app = LayerwatchApp(source, title="bench-scale", color_system="truecolor")
+        start_rss = rss_mb()[0]
+        t0 = time.perf_counter()
+        async with app.run_test(size=(200, 50)) as pilot:
+            await pilot.pause(0.3)
+            probe = Probe(app)
+            loading_keys: list[float] = []
+            while not source.done.is_set():  # keys while the session reads and compares
+                loading_keys += await key_latencies(app, probe, 5, near_tail=False)
+            loading_frames = list(probe.frames)
+            loaded_s = time.perf_counter() - t0
+            await pilot.pause(1.0)  # the last batches drained into the grid
+            screen, grid = app.screen, app.screen.query_one(LayerGrid)
+
+            def cold_frame() -> float:
+                grid._cache.clear()
+                screen.refresh()
+                grid.refresh()
+                t = time.perf_counter()
+                screen._repaint_required = True
+                screen._on_timer_update()
+                return time.perf_counter() - t
+
+            colds = [cold_frame() for _ in range(10)]
+            probe.frames.clear()
+            keys = await key_latencies(app, probe, 30, near_tail=False)
+            frames = list(probe.frames)
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                keys += await key_latencies(app, probe, 10, near_tail=False)
+            rss, peak = rss_mb()
+            await pilot.press("q")
+        return {
+            "pairs": len(session.settled),
+            "tokens": app.model.n_tokens,
+            "loaded_s": loaded_s,
+            "start_rss_mb": start_rss,
+            "rss_mb": rss,
+            "peak_rss_mb": peak,
+            "cold_repaint": colds,
+            "frames": frames,
+            "keys": keys,
+            "loading_frames": loading_frames,
+            "loading_keys": loading_keys,
+        }
+
+    print("@@TUI" + json.dumps(asyncio.run(run())), flush=True)
+
+
+def tui_figures(work: Path, pairs: int, tensors: int = 2000, seconds: float = 5.0) -> dict:
+    """The TUI over a real ``open`` session of about ``pairs`` pairs, in a fresh process."""
+    import json
+
+    tensors = min(tensors, pairs)
+    tokens = max(1, round(pairs / (2 * len(nodes_for(tensors)))))
+    golden, target, _ = make_pair(work, tokens, tensors)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, __file__, "--tui-child", str(golden), str(target), str(seconds)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("@@TUI")), None)
+    if line is None:
+        raise RuntimeError(f"TUI bench failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(line[5:])
+
+
+def _ms(values: list[float]) -> str:
+    ms = sorted(v * 1000 for v in values)
+    if not ms:
+        return "n/a"
+    return f"median {ms[len(ms) // 2]:.1f} ms, p95 {ms[min(len(ms) - 1, int(0.95 * len(ms)))]:.1f}"
 
 
 _OPEN = """
@@ -616,12 +714,21 @@ def open_table(
 
 
 def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--tui-child":
+        tui_child(Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, nargs="*", default=[100_000, 1_000_000])
     parser.add_argument("--big", action="store_true", help="also 4 M pairs")
     parser.add_argument("--tensors", type=int, default=2000, help="tensors a token")
     parser.add_argument("--suffix", default=".csv", help="report format: .csv .json .jsonl")
     parser.add_argument("--open", action="store_true", help="time opening the golden index")
+    parser.add_argument(
+        "--session", action="store_true", help="also `open --headless` (the live session)"
+    )
+    parser.add_argument(
+        "--tui", type=int, nargs="*", default=[], help="TUI figures over `open` of these pairs"
+    )
     parser.add_argument(
         "--spill", action="store_true", help="each size with the store in RAM, then on disk"
     )
@@ -696,11 +803,29 @@ def main() -> None:
                 f"peak RSS {disk['peak_rss_mb'] / ram['peak_rss_mb']:.2f}",
                 flush=True,
             )
+        if args.session:
+            f = measure(args.work, pairs, args.tensors, args.suffix, command="open")
+            print(
+                f"  open:    {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
+                f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
+                f"{f['bytes_per_pair']:8.0f}",
+                flush=True,
+            )
         if args.open:
             tokens = max(1, round(pairs / (2 * len(nodes_for(min(args.tensors, pairs))))))
             golden, _, _ = make_pair(args.work, tokens, min(args.tensors, pairs))
             n, seconds = time_open(golden)
             print(f"  open index: {n:,} tensors in {seconds:.1f} s", flush=True)
+    for pairs in args.tui:
+        t = tui_figures(args.work, pairs, args.tensors)
+        print(
+            f"TUI over open, {t['pairs']:,} pairs ({t['tokens']} tokens): loaded in "
+            f"{t['loaded_s']:.1f} s; cold repaint {_ms(t['cold_repaint'])}; frame {_ms(t['frames'])};"
+            f" key→frame {_ms(t['keys'])}; while loading: frame {_ms(t['loading_frames'])}, "
+            f"key→frame {_ms(t['loading_keys'])}; RSS {t['rss_mb']:.0f} MB, peak "
+            f"{t['peak_rss_mb']:.0f} MB (start {t['start_rss_mb']:.0f} MB)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

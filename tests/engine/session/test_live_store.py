@@ -1,0 +1,180 @@
+"""The live session keeps settled tokens in the result store (engine/session/settled.py): same
+rows, findings, cells and drill-down as the whole-run session, a few hundred bytes a pair.
+
+Real captures of the demo model (a fault that makes the run diverge, so DIVERGED rows, a first
+failure and a root cause are all in play), fed a token at a time as a live run lands, and the
+synthetic layerwatch dumps of tests/bench/bench_scale.py for the memory figure.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from bench.bench_scale import write_dump
+from layerwatch.engine.readers import ReaderUpdate, open_dump
+from layerwatch.engine.records import PairResult
+from layerwatch.engine.session.cells import same_cell
+from layerwatch.engine.session.core import CompareSession
+from layerwatch.engine.session.settled import EXTRA
+from layerwatch.engine.session.store import ROW
+
+CLI = [sys.executable, "-m", "layerwatch.tui.cli"]
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Golden and a ``rmsnorm_eps`` target (fails at token 2, then diverges) of the demo model."""
+    from layerwatch.capture import DumpConfig, register_hook
+    from layerwatch.capture.demo import build_model, generate, make_prompt
+
+    root = tmp_path_factory.mktemp("live-store")
+    for side, fault in (("golden", None), ("target", "rmsnorm_eps")):
+        model = build_model(fault=fault)
+        with register_hook(model, DumpConfig(dump_path=root / side)):
+            generate(model, make_prompt(), NEW_TOKENS)
+    return root / "golden", root / "target"
+
+
+def _by_token(path: Path, side: str) -> tuple[ReaderUpdate, dict[int, ReaderUpdate]]:
+    """A finished dump as a live run hands it over: topology first, then token by token."""
+    whole = open_dump(path, side=side).poll(None, final=True)
+    head = ReaderUpdate(topology=whole.topology, weights=dict(whole.weights))
+    tokens: dict[int, ReaderUpdate] = {}
+    for record in whole.tensors:
+        tokens.setdefault(record.key.token, ReaderUpdate()).tensors.append(record)
+    for token, ids in whole.token_ids.items():
+        tokens.setdefault(token, ReaderUpdate()).token_ids[token] = ids
+    return head, tokens
+
+
+def _whole(golden: Path, target: Path) -> CompareSession:
+    session = CompareSession(jobs=1)
+    for side, path in (("golden", golden), ("target", target)):
+        session.add_update(side, open_dump(path, side=side).poll(None, final=True))
+        session.finish(side)
+    session.flush()
+    return session
+
+
+def _live(golden: Path, target: Path) -> tuple[CompareSession, int]:
+    """A compact session fed token by token (flushing after each); also how many pairs had
+    settled before the runs finished."""
+    session = CompareSession(jobs=1, compact=True)
+    sides = {"golden": _by_token(golden, "golden"), "target": _by_token(target, "target")}
+    for side, (head, _) in sides.items():
+        session.add_update(side, head)
+    for token in sorted(sides["golden"][1]):
+        for side, (_, tokens) in sides.items():
+            session.add_update(side, tokens.get(token, ReaderUpdate()))
+        session.flush()
+    settled_live = len(session.settled)
+    for side in sides:
+        session.finish(side)
+    session.flush()
+    return session, settled_live
+
+
+def _row(r: PairResult) -> tuple[object, ...]:
+    return (json.dumps(r.to_json(), sort_keys=True), r.order, r.block, r.failed, r.is_logits)
+
+
+def test_a_live_session_in_the_store_equals_the_whole_run_session(
+    demo_runs: tuple[Path, Path],
+) -> None:
+    golden, target = demo_runs
+    whole = _whole(golden, target)
+    live, settled_live = _live(golden, target)
+    assert settled_live > len(whole.results()) // 2  # most tokens settled while the runs ran
+    assert not live._records["golden"] and not live._pairs  # nothing kept but the store
+    assert [_row(r) for r in live.results()] == [_row(r) for r in whole.results()]
+    assert [_row(r) for part in live.results_by_token() for r in part] == [
+        _row(r) for r in whole.results()
+    ]
+    assert whole.first_failure is not None and whole.divergence is not None
+    assert live.first_failure == whole.first_failure
+    assert live.root_cause == whole.root_cause
+    assert live.first_bad_token == whole.first_bad_token
+    assert live.divergence == whole.divergence
+    assert live.summary == whole.summary
+    cells, expected = live.cells(), whole.cells()
+    assert cells.keys() == expected.keys()
+    assert all(same_cell(cells[c], expected[c]) for c in expected)
+    for token, block in list(expected)[::7]:
+        got = live.pairs_in_block(token, block)
+        assert [_row(r) for r in got] == [_row(r) for r in whole.pairs_in_block(token, block)]
+        for result in got[:3]:
+            assert [_row(r) for r in live.inputs_of(result)] == [
+                _row(r) for r in whole.inputs_of(result)
+            ]
+    detail = live.explain(
+        live.pairs_in_block(whole.first_failure.token, whole.first_failure.block)[0]
+    )
+    assert detail.golden is not None and detail.golden.stats is not None  # re-read from the bytes
+
+
+def test_open_of_a_real_capture_writes_compares_report(
+    demo_runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``open --headless`` (the live session, settling as it reads) against ``compare``
+    (windows of tokens): the same JSON on stdout and the same CSV, byte for byte."""
+    golden, target = demo_runs
+    out = {}
+    for command in ("open", "compare"):
+        extra = ["--headless"] if command == "open" else []
+        report = tmp_path / f"{command}.csv"
+        done = subprocess.run(
+            [*CLI, command, str(golden), str(target), *extra, "--jobs", "1", "--json"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 1, done.stderr
+        again = subprocess.run(
+            [*CLI, command, str(golden), str(target), *extra, "--jobs", "1", "-o", str(report)],
+            capture_output=True,
+            text=True,
+        )
+        assert again.returncode == 1, again.stderr
+        out[command] = (json.loads(done.stdout), report.read_bytes())
+    assert out["open"][0]["first_failure"] is not None
+    assert out["open"] == out["compare"]
+
+
+def test_a_settled_pair_costs_under_256_bytes(tmp_path: Path) -> None:
+    """Memory the live session holds a pair once its token settled: store row, CSV extras and
+    metric values, plus every Python object that grew (traced allocations, not RSS: exact)."""
+    write_dump(tmp_path / "g" / "cpu_1", 40, 600, noise=0.0, seed=1)
+    write_dump(tmp_path / "t" / "cpu_2", 40, 600, noise=1e-7, seed=2, faults=((30, 5),))
+    sides = {
+        "golden": _by_token(tmp_path / "g", "golden"),
+        "target": _by_token(tmp_path / "t", "target"),
+    }
+    session = CompareSession(jobs=1, compact=True)
+    for side, (head, _) in sides.items():
+        session.add_update(side, head)
+
+    def feed(tokens: range) -> None:
+        for token in tokens:
+            for side, (_, by_token) in sides.items():
+                session.add_update(side, by_token.pop(token))
+            session.flush()
+
+    tracemalloc.start()  # the records were read before: only the session's own objects count
+    feed(range(10))  # the store's first chunks are allocated (65 536 rows, 1 M values)
+    before = tracemalloc.get_traced_memory()[0]  # the live tokens' objects are in both figures
+    rows, values = len(session.settled), session.settled.store._pool_n
+    feed(range(10, 40))
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    pairs = len(session.settled) - rows
+    assert pairs >= 27 * 600 and len(session._records["golden"]) <= 3 * 600
+    column_bytes = (
+        pairs * (ROW.itemsize + EXTRA.itemsize) + (session.settled.store._pool_n - values) * 8
+    )
+    # The chunks were allocated before: traced growth is the objects; the columns fill them.
+    assert (grown + column_bytes) / pairs <= 256, (grown / pairs, column_bytes / pairs)
