@@ -176,7 +176,7 @@ def scan_file(
         while True:
             block = np.empty(len(carry) + BLOCK_BYTES + _PAD, np.uint8)
             block[: len(carry)] = carry
-            got = fh.readinto(memoryview(block)[len(carry) : len(carry) + BLOCK_BYTES])
+            got = fh.readinto(block.data[len(carry) : len(carry) + BLOCK_BYTES])
             if not got:
                 break
             filled = len(carry) + got

@@ -190,7 +190,7 @@ class LayerwatchReader(DirectoryReader):
                     with contextlib.suppress(ValueError, AttributeError):
                         gone = os.path.join(state.path, str(json.loads(line).get("file", "")))
                         table.dropped.setdefault(gone, offset)
-                self._decode(side, [line], table.head, lambda _, at=offset: f"at byte {at}")
+                self._decode(side, [line], table.head, _at_byte(offset))
             if cols.torn:
                 table.head.notes.append(f"{index}: last line cut short, skipped")
             table.ranks.append((side, cols))
@@ -511,7 +511,7 @@ class IndexTable:
             lines = list(iter_lines(state.path / lwf.INDEX, offsets, lengths))
             at = offsets.tolist()
             side = _Rank(state.path, state.rank, files=state.files)
-            self.reader._decode(side, lines, update, lambda i, at=at: f"at byte {at[i]}")
+            self.reader._decode(side, lines, update, _at_bytes(at))
         if self.dropped:
             for record in update.tensors:
                 if record.loc is not None and record.loc.path in self.dropped:
@@ -531,7 +531,7 @@ class IndexTable:
             data = fh.read(end - begin)
         lines, at = tensor_lines(data, begin)
         side = _Rank(state.path, state.rank, files=state.files)
-        self.reader._decode(side, lines, update, lambda k, at=at: f"at byte {at[k]}")
+        self.reader._decode(side, lines, update, _at_bytes(at))
 
 
 def parse_topology(obj: dict) -> Topology:
@@ -558,3 +558,13 @@ def parse_topology(obj: dict) -> Topology:
                 head=tuple(float(v) for v in p.get("head", ())),
             )
     return topo
+
+
+def _at_byte(offset: int) -> Callable[[int], str]:
+    """Where a line starts, for a note about it (one line)."""
+    return lambda _: f"at byte {offset}"
+
+
+def _at_bytes(offsets: Sequence[int]) -> Callable[[int], str]:
+    """Where each of a batch of lines starts, by its position in the batch."""
+    return lambda i: f"at byte {offsets[i]}"

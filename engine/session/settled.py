@@ -22,7 +22,7 @@ import numpy as np
 from layerwatch.engine.records import PairResult, Stats, TensorKey
 from layerwatch.engine.seam import CellUpdate
 from layerwatch.engine.session.cells import aggregate, merge_cells
-from layerwatch.engine.session.store import CHUNK, ResultStore
+from layerwatch.engine.session.store import CHUNK, ROW, ResultStore
 
 EXTRA = np.dtype(
     [
@@ -170,11 +170,11 @@ class SettledTokens:
         """The token's rows and their columns (one small copy: a token is a few thousand rows)."""
         rows = self.rows_of(token)
         if not rows:
-            return rows, np.zeros(0, self.store._chunks[0].dtype if self.store._chunks else None)
+            return rows, np.zeros(0, ROW)
         parts = []
         i = rows.start
         while i < rows.stop:
-            chunk = self.store._chunks[i // CHUNK]
+            chunk = self.store.chunk(i // CHUNK)
             take = min(rows.stop - i, CHUNK - i % CHUNK)
             parts.append(chunk[i % CHUNK : i % CHUNK + take])
             i += take
@@ -238,7 +238,7 @@ class SettledTokens:
         for token, (start, stop) in self.ranges.items():
             results = []
             for i in range(start, stop):
-                chunk, at = self.store._chunks[i // CHUNK], i % CHUNK
+                chunk, at = self.store.chunk(i // CHUNK), i % CHUNK
                 node, stem = values[chunk["node"][at]], values[chunk["stem"][at]]
                 part = "input" if stem.startswith("input") else "output"
                 chunk["block"][at] = block_of.get((node, part), -1)

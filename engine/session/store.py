@@ -134,7 +134,7 @@ class _Spilled:
         return self.chunks * self.chunk_bytes
 
     def write(self, index: int, chunk: np.ndarray) -> None:
-        data = memoryview(chunk.view(np.uint8))
+        data = chunk.view(np.uint8).data
         at = index * self.chunk_bytes
         try:
             while data:
@@ -149,7 +149,7 @@ class _Spilled:
     def read(self, first: int, count: int) -> np.ndarray:
         """Elements ``first`` to ``first + count`` (all on disk), read-only."""
         out = np.empty(count, self.dtype)
-        view = memoryview(out.view(np.uint8))
+        view = out.view(np.uint8).data
         at = first * self.dtype.itemsize
         while view:
             got = os.preadv(self.fd, [view], at)
@@ -360,6 +360,14 @@ class ResultStore:
             else:
                 out.append(float(chunk[at % POOL_CHUNK]))
         return out
+
+    def chunk(self, index: int) -> np.ndarray:
+        """Rows chunk ``index``, writable, for a store that keeps its chunks in RAM (the live
+        session's, engine/session/settled.py, re-places rows when the grid's columns change)."""
+        chunk = self._chunks[index]
+        if chunk is None:
+            raise ValueError(f"rows chunk {index} was spilled to disk")
+        return chunk
 
     def _row(self, i: int) -> np.void:
         if not 0 <= i < self._n:
