@@ -143,9 +143,11 @@ async def test_scan_grid_offers_no_compare_only_keys(fp16_dump: Path) -> None:
 async def test_scan_grid_fills_while_the_command_runs(tmp_path: Path) -> None:
     """A launched command: cells arrive in several ticks before it exits (live, not at the end)."""
     out = tmp_path / "live"
-    # 200 tokens (the demo's positions allow ~250): long enough that a fast writer, which no
-    # longer wakes at every token, still lands cells in several ticks while the child runs.
-    launch = LaunchSpec([*DEMO, "--new-tokens", "200"], out, CaptureOptions(), "layerwatch")
+    # 200 tokens (the demo's positions allow ~250) of 12 layers (~6 s here, 4× the default
+    # depth's time): long enough that a fast writer, which no longer wakes at every token,
+    # still lands cells in several ticks while the child runs.
+    argv = [*DEMO, "--new-tokens", "200", "--layers", "12"]
+    launch = LaunchSpec(argv, out, CaptureOptions(), "layerwatch")
     pipeline = scan_pipeline(SideSpec(out, launch), _args())
     app = LayerwatchApp(pipeline, title="layerwatch run · scan", color_system="truecolor")
     child = pipeline.sides["target"].child
