@@ -148,17 +148,9 @@ def spread_golden(
     rules: list[ShardRule] | None = None,
 ) -> tuple[list[TensorRecord], list[TensorRecord], list[str]]:
     """(golden records per target rank, target records to compare, notes) of two finished
-    dumps: the module docstring. The target goes first, so uneven shards see every rank."""
+    dumps: the module docstring (:meth:`RankSpread.spread_all`)."""
     spread = RankSpread(world, rules)
-    g_out, t_out = [], []
-    for side, records in (("target", target), ("golden", golden)):
-        got = spread.feed(side, records)
-        g_out += got[0]
-        t_out += got[1]
-    for side in ("golden", "target"):
-        got = spread.finish(side)
-        g_out += got[0]
-        t_out += got[1]
+    g_out, t_out = spread.spread_all(golden, target)
     return g_out, t_out, spread.take_notes()
 
 
@@ -224,6 +216,22 @@ class RankSpread:
             self._matched.update(self._golden)
         if all(self._done.values()):
             self._summarise()
+        return g_out, t_out
+
+    def spread_all(self, golden: list[TensorRecord], target: list[TensorRecord]) -> Batch:
+        """Both sides' whole record lists, both finished: what :func:`spread_golden` and
+        :class:`WindowSpread` hand the session. The target goes first, so uneven shards see
+        every rank."""
+        g_out: list[TensorRecord] = []
+        t_out: list[TensorRecord] = []
+        for side, records in (("target", target), ("golden", golden)):
+            got = self.feed(side, records)
+            g_out += got[0]
+            t_out += got[1]
+        for side in ("golden", "target"):
+            got = self.finish(side)
+            g_out += got[0]
+            t_out += got[1]
         return g_out, t_out
 
     def take_notes(self) -> list[str]:
@@ -318,16 +326,7 @@ class WindowSpread:
         if not wants_spread(golden.tensors, target.tensors, self.world):
             return
         spread = RankSpread(self.world, self.rules)
-        g_out: list[TensorRecord] = []
-        t_out: list[TensorRecord] = []
-        for side, records in (("target", target.tensors), ("golden", golden.tensors)):
-            got = spread.feed(side, records)
-            g_out += got[0]
-            t_out += got[1]
-        for side in ("golden", "target"):
-            got = spread.finish(side)
-            g_out += got[0]
-            t_out += got[1]
+        g_out, t_out = spread.spread_all(golden.tensors, target.tensors)
         self.ranks.update(r.key.rank for r in t_out)
         golden.tensors, target.tensors = g_out, t_out
         for kind, n in spread._counts.items():
