@@ -23,9 +23,9 @@ from pathlib import Path
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.readers.atb_bin import NZ_FORMATS, BinIncomplete, read_header
 from layerwatch.engine.readers.base import (
-    DirectoryReader,
     RankIndex,
     ReaderUpdate,
+    TokenDirReader,
     is_rank_dir_name,
     is_tmp_name,
     scandir,
@@ -102,7 +102,7 @@ class _Rank:
     ids_found: set[int] = field(default_factory=set)
 
 
-class AtbReader(DirectoryReader):
+class AtbReader(TokenDirReader):
     """Reads ATB ``.bin`` dumps incrementally."""
 
     fmt = "atb"
@@ -122,7 +122,6 @@ class AtbReader(DirectoryReader):
         self._pending: dict[str, tuple[_Rank, int]] = {}
         """Files still being written (header or payload short): retried on every poll."""
         self._topology: Topology | None = None
-        self._chunk_tokens: list[int] | None = None
         """``poll_chunk``: the execute counts still to read, last first."""
 
     # --- polling -------------------------------------------------------------------------
@@ -151,18 +150,9 @@ class AtbReader(DirectoryReader):
         ``poll(None, final=True)`` for that token; ``limit`` is not needed (a token is read
         whole)."""
         update = ReaderUpdate()
-        if self._chunk_tokens is None:
-            if self._gone(update):
-                self._chunk_tokens = []
-                return update
-            tokens: set[int] = set()
-            for state in self._discover():
-                self._read_topology(state, update)
-                tokens.update(int(d.name) for d in self._token_dirs(state) if d.is_dir())
-            self._chunk_tokens = sorted(tokens, reverse=True)
-        if not self._chunk_tokens:
+        token = self._next_chunk_token(update, self._read_topology)
+        if token is None:
             return update if update else None
-        token = self._chunk_tokens.pop()
         self._seen.clear()  # keys and paths carry their token: no later token repeats them
         self._keys.clear()
         found: list[tuple[_Rank, int, str]] = []
@@ -181,7 +171,7 @@ class AtbReader(DirectoryReader):
         """(tensors, tokens) of a finished dump, estimated from its first execute count's
         files (``before/``/``after/`` copies counted once): the memory check before a compare."""
         ranks = self._discover()
-        tokens = {int(d.name) for state in ranks for d in self._token_dirs(state) if d.is_dir()}
+        tokens = {t for state in ranks for t in self._tokens(state)}
         if not tokens:
             return 0, 0
         found: list[tuple[_Rank, int, str]] = []

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from layerwatch.engine.records import Locator, Stats, TensorRecord, Topology
 
@@ -98,6 +98,39 @@ class DirectoryReader:
             update.notes.append(f"{self.root}: dump directory disappeared")
             self._gone_noted = True
         return True
+
+
+class TokenDirReader(DirectoryReader):
+    """A reader of a dump with a directory per token under each rank (msit, ATB): ``compare``
+    reads a long run a token directory at a time (``poll_chunk``, engine/session/windowed.py)."""
+
+    _chunk_tokens: list[int] | None = None
+    """Tokens not yet handed out by ``poll_chunk``, last first (None: not listed yet)."""
+
+    def _discover(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _token_dirs(self, state: Any) -> list[Path]:
+        raise NotImplementedError
+
+    def _tokens(self, state: Any) -> set[int]:
+        """The tokens a rank has a directory for."""
+        return {int(d.name) for d in self._token_dirs(state) if d.is_dir()}
+
+    def _next_chunk_token(
+        self, update: ReaderUpdate, read_rank: Callable[[Any, ReaderUpdate], None]
+    ) -> int | None:
+        """The next token ``poll_chunk`` reads, or None after the last; the first call lists
+        every rank's tokens after ``read_rank`` read what a rank holds once (its topology)."""
+        if self._chunk_tokens is None:
+            self._chunk_tokens = []
+            if not self._gone(update):
+                tokens: set[int] = set()
+                for state in self._discover():
+                    read_rank(state, update)
+                    tokens |= self._tokens(state)
+                self._chunk_tokens = sorted(tokens, reverse=True)
+        return self._chunk_tokens.pop() if self._chunk_tokens else None
 
 
 _RANK_DIR = re.compile(r"^([A-Za-z]*)(\d*)_(\d+)$")

@@ -22,9 +22,9 @@ import numpy as np
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.capture.framing import whole_lines
 from layerwatch.engine.readers.base import (
-    DirectoryReader,
     RankIndex,
     ReaderUpdate,
+    TokenDirReader,
     is_rank_dir_name,
     is_tmp_name,
     scandir,
@@ -114,7 +114,7 @@ class _Rank:
     """The note that this rank's file times do not follow execution was given."""
 
 
-class MsitReader(DirectoryReader):
+class MsitReader(TokenDirReader):
     """Reads msit torch dumps (any of the directories msit itself accepts)."""
 
     fmt = "msit"
@@ -135,7 +135,6 @@ class MsitReader(DirectoryReader):
         self._pending: dict[str, int] = {}
         """Incomplete files (path → first time seen incomplete, ns): retried on every poll."""
         self._topology: Topology | None = None
-        self._chunk_tokens: list[int] | None = None
         """``poll_chunk``: the tokens still to read, last first."""
 
     # --- polling -------------------------------------------------------------------------
@@ -166,19 +165,9 @@ class MsitReader(DirectoryReader):
         ``poll(None, final=True)`` for that token; ``limit`` is not needed (a token is read
         whole)."""
         update = ReaderUpdate()
-        if self._chunk_tokens is None:
-            if self._gone(update):
-                self._chunk_tokens = []
-                return update
-            tokens: set[int] = set()
-            for state in self._discover():
-                self._read_tree(state, update)
-                tokens.update(int(d.name) for d in self._token_dirs(state) if d.is_dir())
-                self._scan_weights(state, update)
-            self._chunk_tokens = sorted(tokens, reverse=True)
-        if not self._chunk_tokens:
+        token = self._next_chunk_token(update, self._read_rank_once)
+        if token is None:
             return update if update else None
-        token = self._chunk_tokens.pop()
         self._seen.clear()  # keys and paths carry their token: no later token repeats them
         self._keys.clear()
         files: dict[tuple[str, int], list[tuple[str, str, int]]] = {}
@@ -186,6 +175,11 @@ class MsitReader(DirectoryReader):
             self._scan_token(state, state.path / str(token), files)
         self._emit(files, update, full=True, final=True)
         return update
+
+    def _read_rank_once(self, state: _Rank, update: ReaderUpdate) -> None:
+        """What ``poll_chunk`` reads of a rank before its tokens: the model tree, the weights."""
+        self._read_tree(state, update)
+        self._scan_weights(state, update)
 
     def forget_before(self, token: int) -> None:
         """A windowed compare judged the tokens before ``token``: drop their execution orders
@@ -199,7 +193,7 @@ class MsitReader(DirectoryReader):
         """(tensors, tokens) of a finished dump, estimated from its first token's files (every
         token of a decode dumps the same modules): the memory check before a compare."""
         ranks = self._discover()
-        tokens = {int(d.name) for state in ranks for d in self._token_dirs(state) if d.is_dir()}
+        tokens = {t for state in ranks for t in self._tokens(state)}
         if not tokens:
             return 0, 0
         first = min(tokens)
