@@ -29,6 +29,7 @@ import contextlib
 import io
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -333,6 +334,23 @@ def exit_code(summary: Summary, failed_commands: Sequence[str] = ()) -> int:
     """0 clean, 1 a finding: a failed or unreadable pair, or a launched command that failed
     (CI must not pass a run whose command crashed)."""
     return EXIT_FINDING if summary.failed or summary.error or failed_commands else EXIT_OK
+
+
+def conclude_compare(
+    args: Any, session: Any, empty: str, stream: ReportStream | None = None
+) -> int:
+    """:func:`conclude` for ``layerwatch compare`` from its parsed arguments (``-o``, ``--json``,
+    ``--allow-partial``): with ``-o`` stdout gets nothing but the ``--json`` object."""
+    return conclude(
+        session,
+        sys.stdout,
+        output=getattr(args, "output", None),
+        as_json=bool(getattr(args, "json", False)),
+        empty=empty,
+        summary_with_report=False,
+        allow_partial=bool(getattr(args, "allow_partial", False)),
+        stream=stream,
+    )
 
 
 def conclude(

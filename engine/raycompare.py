@@ -282,13 +282,12 @@ def run_ranks(
 
 def ray_compare_main(args: argparse.Namespace) -> int:
     """``compare --ray``: rows from every rank's node, one local report (engine/runner.py's)."""
-    from layerwatch.engine.outcome import check_report_path, conclude
+    from layerwatch.engine.outcome import check_report_path, conclude_compare
     from layerwatch.engine.readers.base import ReaderUpdate
 
     if getattr(args, "fake_quant", None):
         raise LayerwatchError("--ray and --fake-quant cannot be combined")
     output = getattr(args, "output", None)
-    as_json = bool(getattr(args, "json", False))
     check_report_path(output, pairs=True)
     settings: dict[str, Any] = {
         "thresholds": getattr(args, "thresholds", None),
@@ -319,12 +318,4 @@ def ray_compare_main(args: argparse.Namespace) -> int:
     finally:
         session.close()
     empty = f"no tensors in {args.golden} and {args.target}"
-    return conclude(
-        session,
-        sys.stdout,
-        output=output,
-        as_json=as_json,
-        empty=empty,
-        summary_with_report=False,
-        allow_partial=bool(getattr(args, "allow_partial", False)),
-    )
+    return conclude_compare(args, session, empty)

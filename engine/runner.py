@@ -75,7 +75,7 @@ def compare_main(args: argparse.Namespace) -> int:
 
     env_before_numpy()  # one BLAS thread per compare process (engine/numerics/blas.py says why)
 
-    from layerwatch.engine.outcome import check_report_path, conclude
+    from layerwatch.engine.outcome import check_report_path, conclude_compare
     from layerwatch.engine.readers import open_dump
     from layerwatch.engine.session.budget import Estimate, check, parse_size, spill_dir
     from layerwatch.engine.session.core import CompareSession
@@ -150,15 +150,7 @@ def compare_main(args: argparse.Namespace) -> int:
     finally:
         session.close()
         progress.clear()
-    return conclude(
-        session,
-        sys.stdout,
-        output=output,
-        as_json=as_json,
-        empty=empty,
-        summary_with_report=False,
-        allow_partial=bool(getattr(args, "allow_partial", False)),
-    )
+    return conclude_compare(args, session, empty)
 
 
 def _chunked(
@@ -210,7 +202,7 @@ def _compare_windowed(
     """engine/session/windowed.py: rows are written as each window of tokens is judged; a run
     stopped part-way (Ctrl-C, a full disk) keeps them in a report marked incomplete.
     ``spill``: the store's chunks go to files there (engine/session/budget.py chose it)."""
-    from layerwatch.engine.outcome import ReportStream, conclude
+    from layerwatch.engine.outcome import ReportStream, conclude_compare
     from layerwatch.engine.session.windowed import WindowedRun, compare_windows
 
     output = getattr(args, "output", None)
@@ -257,16 +249,7 @@ def _compare_windowed(
         raise
     finally:
         progress.clear()
-    return conclude(
-        run,
-        sys.stdout,
-        output=output,
-        as_json=as_json,
-        empty=empty,
-        summary_with_report=False,
-        allow_partial=bool(getattr(args, "allow_partial", False)),
-        stream=stream,
-    )
+    return conclude_compare(args, run, empty, stream=stream)
 
 
 class _Filtered:
