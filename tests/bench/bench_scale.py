@@ -59,6 +59,28 @@ def nodes_for(tensors: int) -> list[tuple[str, str]]:
     return out[: max(1, tensors // 2)]
 
 
+def token_values(
+    golden: np.random.Generator,
+    perturb: np.random.Generator,
+    nodes: int,
+    token: int,
+    noise: float,
+    faults: tuple[tuple[int, int], ...],
+    exact: int = 0,
+) -> np.ndarray:
+    """One token's (node, input/output, element) values: ``golden``'s draw, the same on both
+    sides, times this side's own noise (``perturb``; not on the first ``exact`` nodes), and
+    each fault's output 10 % off from its token on. Every writer below draws the same way."""
+    values = golden.standard_normal((nodes, 2, ELEMENTS), dtype=np.float32)
+    if noise:
+        noisy = values[exact:]
+        noisy *= 1 + noise * perturb.standard_normal(noisy.shape, dtype=np.float32)
+    for at, node in faults:
+        if token >= at:
+            values[node, 1] *= 1.1
+    return values
+
+
 def write_dump(
     rank_dir: Path,
     tokens: int,
@@ -102,12 +124,7 @@ def write_dump(
     count = 0
     with open(rank_dir / lwf.INDEX, "w", encoding="utf-8") as index:
         for token in range(tokens):
-            values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
-            if noise:
-                values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
-            for at, node in faults:
-                if token >= at:
-                    values[node, 1] *= 1.1
+            values = token_values(golden, perturb, len(nodes), token, noise, faults)
             file = lwf.data_file_name(token)
             entries = [
                 (lwf.tensor_name(token, name, stem), torch.float32, [ELEMENTS], values[i, j])
@@ -252,12 +269,8 @@ def write_msit_dump(
     perturb = np.random.default_rng(seed)
     count = 0
     for token in range(tokens):
-        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
-        if noise:  # not the embedding's: a gather adds no rounding (its local verdict says so)
-            values[1:] *= 1 + noise * perturb.standard_normal(values[1:].shape, dtype=np.float32)
-        for at, node in faults:
-            if token >= at:
-                values[node, 1] *= 1.1
+        # not the embedding's noise: a gather adds no rounding (its local verdict says so)
+        values = token_values(golden, perturb, len(nodes), token, noise, faults, exact=1)
         ids = token + (1000 if diverge_at is not None and token >= diverge_at else 0)
         for i, (name, _) in enumerate(nodes):  # execution order: file times follow it
             folder = rank_dir / str(token) / name
@@ -308,12 +321,7 @@ def write_atb_dump(
     perturb = np.random.default_rng(seed)
     per_token = []
     for token in range(1 if link else tokens):
-        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
-        if noise:
-            values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
-        for at, node in faults:
-            if token >= at:
-                values[node, 1] *= 1.1
+        values = token_values(golden, perturb, len(nodes), token, noise, faults)
         layers: dict[str, list[Op]] = {}
         for i, (name, kind) in enumerate(nodes):
             op = Op(f"{kind}Operation", inputs=[values[i, 0]], outputs=[values[i, 1]])
@@ -354,12 +362,7 @@ def write_msprobe_dump(
         }  # fmt: skip
 
     for token in range(tokens):
-        values = golden.standard_normal((len(nodes), 2, ELEMENTS), dtype=np.float32)
-        if noise:
-            values *= 1 + noise * perturb.standard_normal(values.shape, dtype=np.float32)
-        for at, node in faults:
-            if token >= at:
-                values[node, 1] *= 1.1
+        values = token_values(golden, perturb, len(nodes), token, noise, faults)
         top = f"Module.model.LlamaModel.forward.{token}"
         for i, (name, kind) in enumerate(nodes):
             entry = f"Module.{name.removeprefix('root.')}.{kind}.forward.{token}"
@@ -555,11 +558,10 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
     import json
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_tui import Probe, key_latencies, rss_mb
+    from bench_tui import Probe, cold_repaint, key_latencies, rss_mb
     from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
     from layerwatch.engine.session.core import CompareSession
     from layerwatch.tui.app import LayerwatchApp
-    from layerwatch.tui.grid import LayerGrid
 
     async def run() -> dict[str, object]:
         session = CompareSession(jobs=1, compact=True)
@@ -580,18 +582,7 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
             loading_frames = list(probe.frames)
             loaded_s = time.perf_counter() - t0
             await pilot.pause(1.0)  # the last batches drained into the grid
-            screen, grid = app.screen, app.screen.query_one(LayerGrid)
-
-            def cold_frame() -> float:
-                grid._cache.clear()
-                screen.refresh()
-                grid.refresh()
-                t = time.perf_counter()
-                screen._repaint_required = True
-                screen._on_timer_update()
-                return time.perf_counter() - t
-
-            colds = [cold_frame() for _ in range(10)]
+            colds = [cold_repaint(app) for _ in range(10)]
             probe.frames.clear()
             keys = await key_latencies(app, probe, 30, near_tail=False)
             frames = list(probe.frames)
@@ -631,13 +622,6 @@ def tui_figures(work: Path, pairs: int, tensors: int = 2000, seconds: float = 5.
     if line is None:
         raise RuntimeError(f"TUI bench failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(line[5:])
-
-
-def _ms(values: list[float]) -> str:
-    ms = sorted(v * 1000 for v in values)
-    if not ms:
-        return "n/a"
-    return f"median {ms[len(ms) // 2]:.1f} ms, p95 {ms[min(len(ms) - 1, int(0.95 * len(ms)))]:.1f}"
 
 
 _OPEN = """
@@ -816,6 +800,9 @@ def main() -> None:
             golden, _, _ = make_pair(args.work, tokens, min(args.tensors, pairs))
             n, seconds = time_open(golden)
             print(f"  open index: {n:,} tensors in {seconds:.1f} s", flush=True)
+    if args.tui:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_tui import summary_ms as _ms
     for pairs in args.tui:
         t = tui_figures(args.work, pairs, args.tensors)
         print(

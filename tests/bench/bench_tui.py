@@ -254,6 +254,20 @@ async def key_latencies(
     return latencies
 
 
+def cold_repaint(app: LayerwatchApp) -> float:
+    """Seconds of one full repaint of the screen with the grid's line cache emptied: the
+    worst frame a user can see (a resize, a jump far away)."""
+    screen = app.screen
+    grid = screen.query_one(LayerGrid)
+    grid._cache.clear()
+    screen.refresh()
+    grid.refresh()
+    t0 = time.perf_counter()
+    screen._repaint_required = True
+    screen._on_timer_update()
+    return time.perf_counter() - t0
+
+
 def summary_ms(values: list[float]) -> str:
     ms = sorted(v * 1000 for v in values)
     if not ms:
@@ -272,19 +286,8 @@ async def main(seconds: float, size: tuple[int, int], rate: float) -> None:
     async with app.run_test(size=size) as pilot:
         await pilot.pause(0.3)
         probe = Probe(app)
-        screen = app.screen
-        grid = screen.query_one(LayerGrid)
-
-        def cold_frame() -> float:
-            grid._cache.clear()
-            screen.refresh()
-            grid.refresh()
-            t0 = time.perf_counter()
-            screen._repaint_required = True
-            screen._on_timer_update()
-            return time.perf_counter() - t0
-
-        colds = [cold_frame() for _ in range(10)]
+        grid = app.screen.query_one(LayerGrid)
+        colds = [cold_repaint(app) for _ in range(10)]
         probe.frames.clear()
         # baseline: nothing streaming
         idle_keys = await key_latencies(app, probe, 30, near_tail=False)
