@@ -151,27 +151,70 @@ def cache_dir() -> Path:
     return Path(base) / "layerwatch" / "kernels"
 
 
+def host_cpu() -> str:
+    """The CPU the object code is built for, part of its cache key. Linux: the first
+    processor's identity and feature flags from ``/proc/cpuinfo`` (no llvmlite import: a
+    process that finds a linked library never loads LLVM); elsewhere llvmlite's host CPU name
+    and features."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                head = fh.read(1 << 16).split("\n\n", 1)[0]
+        except OSError:
+            head = ""
+        wanted = ("vendor_id", "cpu family", "model", "model name", "flags", "features")
+        wanted += ("cpu implementer", "cpu architecture", "cpu variant", "cpu part", "isa")
+        lines = [
+            line.strip()
+            for line in head.splitlines()
+            if line.split(":", 1)[0].strip().lower() in wanted
+        ]
+        if lines:
+            return "\n".join(lines)
+    llvm = _llvm_binding()
+    return f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
+
+
+def _llvm_binding() -> Any:
+    """llvmlite's binding, initialised (imported only to load or build object code)."""
+    import llvmlite.binding as llvm
+
+    if hasattr(llvm, "initialize_native_target"):
+        try:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+        except Exception:  # newer llvmlite initialises itself and may refuse
+            pass
+    return llvm
+
+
+def can_link() -> bool:
+    """Whether built entry points are also linked into a shared library (Linux with the
+    system linker ``ld``): a later process then loads it with ``ctypes`` in ~1 ms instead of
+    importing llvmlite (~25 ms) and running its MCJIT."""
+    import shutil
+
+    return sys.platform.startswith("linux") and shutil.which("ld") is not None
+
+
 class Kernel:
     """The loaded entry points, one per (golden, target) dtype pair, built on first need."""
 
     def __init__(self) -> None:
         import hashlib
+        from importlib.util import find_spec
 
-        import llvmlite.binding as llvm
-
-        if hasattr(llvm, "initialize_native_target"):
-            try:
-                llvm.initialize_native_target()
-                llvm.initialize_native_asmprinter()
-            except Exception:  # newer llvmlite initialises itself and may refuse
-                pass
-        self._llvm = llvm
-        cpu = f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
+        if find_spec("llvmlite") is None:  # no numba either: nothing can be built or loaded
+            raise ImportError("llvmlite is not installed")
         source = Path(__file__).with_name("fused_kernel.py").read_bytes()
-        self._key = hashlib.sha256(source + cpu.encode() + sys.version.encode()).hexdigest()[:16]
+        self._key = hashlib.sha256(source + host_cpu().encode() + sys.version.encode()).hexdigest()[
+            :16
+        ]
         self._entries: dict[tuple[np.dtype, np.dtype], Any] = {}
         self._engines: list[Any] = []
-        """One JIT engine per entry point (each object repeats numba's helper symbols)."""
+        """One JIT engine or loaded library per entry point (each object repeats numba's
+        helper symbols)."""
+        self._llvm: Any = None
         self._work = threading.local()
 
     def entry(self, golden: np.dtype, target: np.dtype) -> Any:
@@ -193,10 +236,26 @@ class Kernel:
     def _load(self, golden: str, target: str) -> Any:
         path = cache_dir() / f"fused-{golden}-{target}-{self._key}.o"
         meta = path.with_suffix(".json")
+        shared = path.with_suffix(".so")
         try:
             info = json.loads(meta.read_text())
-            obj = path.read_bytes()
         except (OSError, ValueError):
+            info = None
+        if info is not None and shared.exists():
+            try:
+                library = ctypes.CDLL(str(shared))
+                address = ctypes.cast(getattr(library, info["symbol"]), ctypes.c_void_p).value
+                self._engines.append(library)
+                return _ENTRY(address)
+            except (OSError, AttributeError) as exc:  # a foreign or damaged file: object code
+                _log().info("cannot load %s (%s); loading the object code", shared, exc)
+        if self._llvm is None:
+            self._llvm = _llvm_binding()
+        try:
+            if info is None:
+                raise OSError("no entry point kept")
+            obj = path.read_bytes()
+        except OSError:
             info, obj = self._build(golden, target, path, meta)
         for name in info["undefined"]:
             address = self._address_of(name)
@@ -216,24 +275,27 @@ class Kernel:
 
     @staticmethod
     def _build(golden: str, target: str, path: Path, meta: Path) -> tuple[dict[str, Any], bytes]:
-        """Compile with numba (once per install, ~3 s) and keep the object code if we can."""
+        """Compile with numba (once per install, ~3 s) and keep the object code if we can;
+        where :func:`can_link`, also a shared library of it for later processes."""
         import tempfile
 
         from layerwatch.engine.numerics import fused_kernel
 
         _log().info("building the metric kernel for %s/%s (once)", golden, target)
-        symbol, obj, undefined = fused_kernel.build(golden, target)
-        info = {"symbol": symbol, "undefined": undefined}
+        built = fused_kernel.build(golden, target, pic=can_link())
+        info = {"symbol": built.symbol, "undefined": built.undefined}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            for dest, data in ((path, obj), (meta, json.dumps(info).encode())):
+            for dest, data in ((path, built.obj), (meta, json.dumps(info).encode())):
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(data)
                 os.replace(tmp, dest)
-        except OSError as exc:  # a read-only cache: this process still has the kernel
+            if built.pic is not None:
+                fused_kernel.link(built, path.with_suffix(".so"))
+        except (OSError, RuntimeError) as exc:  # a read-only cache, no working linker
             _log().info("cannot keep the metric kernel in %s: %s", path.parent, exc)
-        return info, obj
+        return info, built.obj
 
     def _address_of(self, name: str) -> int:
         """The Python C API's own symbols; numba's runtime helpers, which only error paths
