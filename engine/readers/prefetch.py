@@ -103,6 +103,9 @@ class PayloadPrefetch:
         self.slots = slots
         self.slot_bytes = self._span * sum(widest)
         """Bytes of one slot: the ring holds ``slots`` of them, never more."""
+        self.bytes_read = 0
+        """Payload bytes the reader has put in the ring so far (the caller has taken at most
+        ``slots`` slots' worth fewer)."""
         self._thread = threading.Thread(target=self._run, name="layerwatch-prefetch", daemon=True)
         self._thread.start()
 
@@ -145,6 +148,7 @@ class PayloadPrefetch:
                 except BaseException:
                     self._free.put(slot)
                     raise
+                self.bytes_read += count * (items[0] + items[1])
                 self._ready.put((index, (slot, count)))
         finally:
             for fh in handles:
