@@ -153,7 +153,8 @@ def _prefetch(
     items: Sequence[tuple[TensorRecord, TensorRecord, bool]], chunk_elems: int
 ) -> PayloadPrefetch | None:
     """A reader thread for the streamed pairs' payloads, when there are enough bytes and a
-    second core for it (``LAYERWATCH_NO_PREFETCH=1``: never; the bench times both)."""
+    spare core for it. ``LAYERWATCH_PREFETCH=0``: never, ``=1``: whatever the load (the bench
+    times both side by side)."""
     pairs = [
         (g.loc, t.loc)
         for g, t, _ in items
@@ -162,9 +163,10 @@ def _prefetch(
         and tuple(g.shape) == tuple(t.shape)
         and prefetchable(g.loc, t.loc)
     ]
-    if os.environ.get("LAYERWATCH_NO_PREFETCH") or _cores() < 2:
-        return None
     if sum(g.nbytes + t.nbytes for g, t in pairs) < PREFETCH_FROM:
+        return None
+    knob = os.environ.get("LAYERWATCH_PREFETCH", "")
+    if knob == "0" or (knob != "1" and not _spare_core()):
         return None
     return PayloadPrefetch(pairs, chunk_elems)
 
@@ -175,6 +177,21 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def _spare_core() -> bool:
+    """Whether a second core is likely idle for the reader thread: two or more cores and the
+    one-minute load average below ``cores − ½``. On a core the box is using anyway the thread
+    saves no time and costs ~7 % more CPU for the streamed pairs (its copies land in another
+    core's cache; bench case (a) at load 4–7 on the 2-core development box)."""
+    cores = _cores()
+    if cores < 2:
+        return False
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): assume the core is there
+        return True
+    return load < cores - 0.5
 
 
 def _keep_stats(result: PairResult, stats: tuple[Stats, Stats] | None) -> None:

@@ -18,10 +18,10 @@ import io
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from queue import SimpleQueue
 from typing import Any
 
 import numpy as np
+from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.readers.load import (
     _check_container,
     _is_contiguous,
@@ -91,6 +91,8 @@ class PayloadPrefetch:
         self._span = chunk_elems * per_slot  # elements a slot holds
         self._next = 0  # the first pair the caller has not taken yet
         self._held: list[np.ndarray] | None = None  # the slot whose views the caller holds
+        from queue import SimpleQueue  # here: a compare without large pairs never imports it
+
         self._free: SimpleQueue[list[np.ndarray] | None] = SimpleQueue()
         self._ready: SimpleQueue[tuple[int, Any]] = SimpleQueue()
         self._stop = False
@@ -122,13 +124,17 @@ class PayloadPrefetch:
                 self._ready.put((index, exc))
 
     def _read_pair(self, index: int, golden: Locator, target: Locator) -> bool:
-        """Put every chunk pair of ``index`` in the ring; False when told to stop. Chunks are
-        read one by one in the caller's own order (golden 0, target 0, golden 1...; a file
-        opened at its first chunk), so the first failure is the one the caller would meet."""
+        """Put every chunk pair of ``index`` in the ring; False when told to stop.
+
+        A slot is filled with one read a side (each read lets go of the GIL and takes it back:
+        per chunk that hand-over cost the reader more than the copy under a busy box). When a
+        read fails, the slot is read again chunk by chunk in the caller's own order (golden 0,
+        target 0, golden 1...; a file opened at its first chunk), so the error raised is the
+        first one the caller would meet."""
         total = math.prod(golden.shape)
         locs = (golden, target)
         items = (storage_dtype(golden.dtype).itemsize, storage_dtype(target.dtype).itemsize)
-        handles: list[io.FileIO] = []
+        handles: list[io.FileIO | None] = [None, None]
         try:
             for first in range(0, total, self._span):
                 slot = self._free.get()
@@ -136,15 +142,16 @@ class PayloadPrefetch:
                     return False
                 count = min(self._span, total - first)
                 try:
-                    for start in range(first, first + count, self._chunk):
-                        n = min(self._chunk, total - start)
+                    try:
                         for side in (0, 1):
-                            if len(handles) == side:  # this side's first chunk: open it
-                                handles.append(_open_at(locs[side], items[side]))
-                            item = items[side]
-                            at = (start - first) * item
-                            view = slot[side].data[at : at + n * item]
-                            fill(handles[side], view, n * item, locs[side], start + n)
+                            fh = handles[side]
+                            if fh is None:
+                                fh = handles[side] = _open_at(locs[side], items[side])
+                            fill(
+                                fh, slot[side].data, count * items[side], locs[side], first + count
+                            )
+                    except (LayerwatchError, OSError):
+                        self._read_in_order(slot, first, count, locs, items, handles)
                 except BaseException:
                     self._free.put(slot)
                     raise
@@ -152,8 +159,34 @@ class PayloadPrefetch:
                 self._ready.put((index, (slot, count)))
         finally:
             for fh in handles:
-                fh.close()
+                if fh is not None:
+                    fh.close()
         return True
+
+    def _read_in_order(
+        self,
+        slot: list[np.ndarray],
+        first: int,
+        count: int,
+        locs: tuple[Locator, Locator],
+        items: tuple[int, int],
+        handles: list[io.FileIO | None],
+    ) -> None:
+        """The slot's chunks read one by one as the caller reads them (raises its error)."""
+        for side in (0, 1):
+            fh = handles[side]
+            if fh is not None:
+                loc = locs[side]
+                fh.seek(loc.offset + (loc.elem_offset + first) * items[side])
+        for start in range(first, first + count, self._chunk):
+            n = min(self._chunk, first + count - start)
+            for side in (0, 1):
+                fh = handles[side]
+                if fh is None:  # this side's first chunk: open it
+                    fh = handles[side] = _open_at(locs[side], items[side])
+                at = (start - first) * items[side]
+                view = slot[side].data[at : at + n * items[side]]
+                fill(fh, view, n * items[side], locs[side], start + n)
 
     # --- the caller -----------------------------------------------------------------------
     def take(

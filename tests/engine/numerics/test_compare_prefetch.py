@@ -107,7 +107,7 @@ def test_prefetched_rows_equal_the_callers_own_reads(engine, tmp_path, monkeypat
     items = _items(tmp_path)
     th = Thresholds.default()
     monkeypatch.setattr(compare_mod, "PREFETCH_FROM", 0)
-    monkeypatch.setattr(compare_mod, "_cores", lambda: 2)
+    monkeypatch.setenv("LAYERWATCH_PREFETCH", "1")
     used = []
     make = compare_mod._prefetch
 
@@ -119,7 +119,7 @@ def test_prefetched_rows_equal_the_callers_own_reads(engine, tmp_path, monkeypat
     monkeypatch.setattr(compare_mod, "_prefetch", spy)
     got = compare_pairs(items, th, chunk_elems=CHUNK, side_stats=True)
     assert used and used[0] is not None and used[0].bytes_read > 0  # the thread did read
-    monkeypatch.setenv("LAYERWATCH_NO_PREFETCH", "1")
+    monkeypatch.setenv("LAYERWATCH_PREFETCH", "0")
     want = compare_pairs(items, th, chunk_elems=CHUNK, side_stats=True)
     assert used[-1] is None
     assert _rows(got) == _rows(want)
@@ -128,10 +128,25 @@ def test_prefetched_rows_equal_the_callers_own_reads(engine, tmp_path, monkeypat
     assert reasons["after"] == "" and reasons["strided"] == ""
 
 
-def test_small_compares_start_no_thread(tmp_path, monkeypatch) -> None:
-    """Below PREFETCH_FROM bytes of streamed pairs (or on one core) nothing is read ahead."""
+def test_when_a_thread_reads_ahead(tmp_path, monkeypatch) -> None:
+    """Only for PREFETCH_FROM bytes of streamed pairs or more, with a core to spare: two or
+    more cores and a load average below cores − ½ (LAYERWATCH_PREFETCH=1/0 decides instead)."""
     items = _items(tmp_path)
-    assert compare_mod._prefetch([items[0]], CHUNK) is None  # ~240 KB
+    monkeypatch.delenv("LAYERWATCH_PREFETCH", raising=False)
+    monkeypatch.setattr(compare_mod, "_cores", lambda: 2)
+    monkeypatch.setattr(compare_mod.os, "getloadavg", lambda: (0.9, 0.9, 0.9))
+    assert compare_mod._prefetch(items, CHUNK) is None  # ~1.5 MB, below PREFETCH_FROM
     monkeypatch.setattr(compare_mod, "PREFETCH_FROM", 0)
-    monkeypatch.setattr(compare_mod, "_cores", lambda: 1)
+    ahead = compare_mod._prefetch(items, CHUNK)
+    assert ahead is not None
+    ahead.close()
+    monkeypatch.setattr(compare_mod.os, "getloadavg", lambda: (1.6, 0.9, 0.9))  # box busy
     assert compare_mod._prefetch(items, CHUNK) is None
+    monkeypatch.setenv("LAYERWATCH_PREFETCH", "1")
+    ahead = compare_mod._prefetch(items, CHUNK)
+    assert ahead is not None
+    ahead.close()
+    monkeypatch.setattr(compare_mod, "_cores", lambda: 1)
+    monkeypatch.delenv("LAYERWATCH_PREFETCH")
+    monkeypatch.setattr(compare_mod.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert compare_mod._prefetch(items, CHUNK) is None  # one core: nothing to overlap on
