@@ -168,7 +168,10 @@ def _prefetch(
     knob = os.environ.get("LAYERWATCH_PREFETCH", "")
     if knob == "0" or (knob != "1" and not _spare_core()):
         return None
-    return PayloadPrefetch(pairs, chunk_elems)
+    try:
+        return PayloadPrefetch(pairs, chunk_elems)
+    except (MemoryError, RuntimeError):  # no room for the ring, no thread: read them here
+        return None
 
 
 def _cores() -> int:

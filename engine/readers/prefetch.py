@@ -32,11 +32,12 @@ from layerwatch.engine.readers.load import (
 )
 from layerwatch.engine.records import Locator
 
-SLOTS = 4
-"""Buffer pairs in the ring: one measured, the others read ahead."""
-PER_SLOT = 4
-"""Chunks a slot holds: one read and one hand-off between the threads per ``PER_SLOT`` chunks
-(each hand-off costs a few µs of both threads)."""
+SLOT_BYTES = 2 << 20
+"""A slot holds as many whole chunk pairs as fit in this (at least one): one read a side and
+one hand-off between the threads per slot. 1–16 chunks of 2^17 elements measured alike."""
+RING_BYTES = 8 << 20
+"""Slots in the ring: as many as fit in this, at least 2 (one measured, one being read), at
+most 4. With the engine's chunks (2^17 elements, fp32 + bf16) 4 slots of 1.5 MB."""
 
 _END = object()
 """A pair's last item: its chunks are all in."""
@@ -75,18 +76,26 @@ def prefetchable(golden: Locator, target: Locator) -> bool:
 
 class PayloadPrefetch:
     """Reads ``pairs`` (golden, target locators), in order, ``chunk_elems`` elements a chunk,
-    into ``slots`` reused buffer pairs from a daemon thread. :meth:`take` hands one pair's
+    ``per_slot`` chunks at a time into ``slots`` reused buffer pairs, from a daemon thread
+    (both sized from :data:`SLOT_BYTES` and :data:`RING_BYTES` unless given). :meth:`take` hands one pair's
     chunks to the caller; pairs the caller skips are dropped unread or read and discarded."""
 
     def __init__(
         self,
         pairs: Sequence[tuple[Locator, Locator]],
         chunk_elems: int,
-        slots: int = SLOTS,
-        per_slot: int = PER_SLOT,
+        slots: int | None = None,
+        per_slot: int | None = None,
     ) -> None:
         self._pairs = list(pairs)
         self._where = {(id(g), id(t)): i for i, (g, t) in enumerate(self._pairs)}
+        widest = [1, 1]
+        for g, t in self._pairs:
+            widest[0] = max(widest[0], storage_dtype(g.dtype).itemsize)
+            widest[1] = max(widest[1], storage_dtype(t.dtype).itemsize)
+        chunk_bytes = chunk_elems * sum(widest)
+        per_slot = per_slot or max(1, SLOT_BYTES // chunk_bytes)
+        slots = slots or min(4, max(2, RING_BYTES // (per_slot * chunk_bytes)))
         self._chunk = chunk_elems
         self._span = chunk_elems * per_slot  # elements a slot holds
         self._next = 0  # the first pair the caller has not taken yet
@@ -96,10 +105,6 @@ class PayloadPrefetch:
         self._free: SimpleQueue[list[np.ndarray] | None] = SimpleQueue()
         self._ready: SimpleQueue[tuple[int, Any]] = SimpleQueue()
         self._stop = False
-        widest = [1, 1]
-        for g, t in self._pairs:
-            widest[0] = max(widest[0], storage_dtype(g.dtype).itemsize)
-            widest[1] = max(widest[1], storage_dtype(t.dtype).itemsize)
         for _ in range(slots):
             self._free.put([np.empty(self._span * w, np.uint8) for w in widest])
         self.slots = slots
