@@ -10,9 +10,11 @@ position mismatches, exact matches and both sides' statistics. The definitions s
 Start-up cost. Importing numba and loading its cached machine code costs ~0.3 s per process
 (numba's type registries, even for a cache hit) — as much as the kernel saves on a 500 MB
 compare. So numba is used only to *build* the kernel: one C entry point per (golden, target)
-dtype pair, compiled once (~3 s) and written as object code to :func:`cache_dir`. Every later
-process loads that object code with llvmlite alone (~35 ms, no numba import) and calls it
-through ctypes (which also releases the GIL). A process takes the kernel only for a compare of
+dtype pair, compiled once (~3 s) and written as object code to :func:`cache_dir` — and, where
+:func:`can_link`, linked into a shared library beside it. Every later process loads the library
+with ctypes (~3 ms, no llvmlite import), else the object code with llvmlite alone (~35 ms, no
+numba import), and calls it through ctypes (which also releases the GIL). A process takes the
+kernel only for a compare of
 at least :data:`MIN_ELEMS` elements (:func:`kernel_for`); then every later pair uses it, but
 for the smallest (``segments.KERNEL_FROM``). ``LAYERWATCH_NO_NUMBA=1``, a missing numba/llvmlite or a failed build keeps
 the numpy path, which gives the same metrics (``tests/engine/numerics/test_fused.py``).
@@ -32,9 +34,10 @@ import numpy as np
 
 MIN_ELEMS = 1 << 24
 """Element pairs a process must be about to measure before it loads the kernel. Measured: the
-load costs ~35 ms (llvmlite import and object code), the kernel saves ~2 ns per element pair
-over the numpy path (fp32/bf16: 1.4 vs 3.5 ns end to end), so it pays from ~1.7·10⁷ elements
-(a 100 MB fp32/bf16 compare)."""
+load costs ~35 ms through llvmlite (its import and the object code), the kernel saves ~2 ns per
+element pair over the numpy path (fp32/bf16: 1.4 vs 3.5 ns end to end), so it pays from
+~1.7·10⁷ elements (a 100 MB fp32/bf16 compare). The linked library's ~3 ms would pay from
+fewer; the threshold stays, so no compare changes path (and last digits) with the linker."""
 
 # Columns of the float totals.
 F_GG, F_TT, F_GT, F_DD, F_SUM_ABS, F_MAX_ABS, F_SUM_REL, F_MAX_REL = range(8)
@@ -162,8 +165,8 @@ def host_cpu() -> str:
                 head = fh.read(1 << 16).split("\n\n", 1)[0]
         except OSError:
             head = ""
-        wanted = ("vendor_id", "cpu family", "model", "model name", "flags", "features")
-        wanted += ("cpu implementer", "cpu architecture", "cpu variant", "cpu part", "isa")
+        wanted = {"vendor_id", "cpu family", "model", "model name", "flags", "features"}
+        wanted |= {"cpu implementer", "cpu architecture", "cpu variant", "cpu part", "isa"}
         lines = [
             line.strip()
             for line in head.splitlines()
@@ -244,6 +247,8 @@ class Kernel:
             try:
                 library = ctypes.CDLL(str(shared))
                 address = ctypes.cast(getattr(library, info["symbol"]), ctypes.c_void_p).value
+                if not address:
+                    raise AttributeError(f"entry point {info['symbol']} not found")
                 self._engines.append(library)
                 return _ENTRY(address)
             except (OSError, AttributeError) as exc:  # a foreign or damaged file: object code

@@ -333,10 +333,17 @@ def _machine(reloc: str) -> Any:
     return target.create_target_machine(
         cpu=llvm.get_host_cpu_name(),
         features=llvm.get_host_cpu_features().flatten(),
-        opt=numba.core.config.OPT,
+        opt=_opt_level(),
         reloc=reloc,
         codemodel="default",
     )
+
+
+def _opt_level() -> int:
+    """numba's optimisation level (``NUMBA_OPT``, 3 unless set), as its JIT uses it."""
+    from numba.core import config
+
+    return int(getattr(config, "OPT", 3))
 
 
 def _pic_object(library: Any) -> bytes:
@@ -370,6 +377,7 @@ def link(built: Built, dest: Path) -> None:
         )
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"ld failed: {done.stderr.strip()[:300]}")
+        os.chmod(out, 0o600)  # like the object code: the user's own, read by dlopen only
         os.replace(out, dest)
 
 
