@@ -9,6 +9,7 @@ reads piecewise so a multi-GB tensor is compared in bounded memory.
 from __future__ import annotations
 
 import functools
+import io
 import math
 import os
 import threading
@@ -365,44 +366,16 @@ def _reused_chunks(
     """Contiguous payload in chunks read into (and decoded in) buffers owned by this iterator."""
     size = min(total, max_elems)
     raw = np.empty(size, sdt)
-    wide = np.empty(size, np.uint32) if dt == "bfloat16" and not bf16_bits else None
-    table = _FP8.get(dt)
-    decoded = np.empty(size, np.float32) if table is not None else None
+    decode = ChunkDecoder(dt, size, as_float, bf16_bits)
     view = raw.data.cast("B")
     item = sdt.itemsize
-    try:
-        fh = open(loc.path, "rb", buffering=0)  # noqa: SIM115 (closed in finally, generator)
-    except FileNotFoundError:
-        raise LayerwatchError(f"{loc.path}: file not found") from None
-    except OSError as exc:
-        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+    fh = open_payload(loc)
     try:
         fh.seek(loc.offset + loc.elem_offset * item)
         for start in range(0, total, max_elems):
             count = min(max_elems, total - start)
-            want = count * item
-            got = 0
-            while got < want:
-                try:
-                    n = fh.readinto(view[got:want])
-                except OSError as exc:
-                    raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
-                if not n:
-                    need = loc.offset + (loc.elem_offset + start + count) * item
-                    raise LayerwatchError(
-                        f"{loc.path}: truncated (needs {need} bytes, the tensor is cut short)"
-                    )
-                got += n
-            chunk = raw[:count]
-            if wide is not None:
-                out = np.left_shift(chunk, 16, out=wide[:count], dtype=np.uint32)
-                yield out.view(np.float32)
-            elif dt == "bfloat16":  # bf16_bits: the consumer decodes
-                yield chunk
-            elif table is not None and decoded is not None:
-                yield np.take(table, chunk, out=decoded[:count])
-            else:
-                yield _decode(chunk, dt, as_float)
+            fill(fh, view, count * item, loc, start + count)
+            yield decode(raw[:count])
     finally:
         fh.close()
 
@@ -455,6 +428,56 @@ class _HeldFiles:
 
 HELD = _HeldFiles()
 """The process's held small files (:meth:`_HeldFiles.keep` by readers, taken by :func:`load_flat`)."""
+
+
+def open_payload(loc: Locator) -> io.FileIO:
+    """An unbuffered handle on ``loc``'s file (read straight into the caller's buffer), or a
+    one-line error."""
+    try:
+        return open(loc.path, "rb", buffering=0)
+    except FileNotFoundError:
+        raise LayerwatchError(f"{loc.path}: file not found") from None
+    except OSError as exc:
+        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+
+
+def fill(fh: io.FileIO, view: memoryview, want: int, loc: Locator, end: int) -> None:
+    """Read exactly ``want`` bytes at ``fh``'s position into ``view``; ``end``: the element of
+    the tensor the read reaches, for the message when the file is cut short."""
+    got = 0
+    while got < want:
+        try:
+            n = fh.readinto(view[got:want])
+        except OSError as exc:
+            raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+        if not n:
+            need = loc.offset + (loc.elem_offset + end) * storage_dtype(loc.dtype).itemsize
+            raise LayerwatchError(
+                f"{loc.path}: truncated (needs {need} bytes, the tensor is cut short)"
+            )
+        got += n
+
+
+class ChunkDecoder:
+    """Stored chunks → the elements :func:`iter_chunks` yields, decoded into buffers it owns
+    and refills (bf16 widened, fp8 through its table; ``bf16_bits``: bf16 passed on as bits)."""
+
+    def __init__(self, dt: str, size: int, as_float: bool = False, bf16_bits: bool = False):
+        self.dt, self.as_float, self.bits = dt, as_float, bf16_bits
+        self.wide = np.empty(size, np.uint32) if dt == "bfloat16" and not bf16_bits else None
+        self.table = _FP8.get(dt)
+        self.decoded = np.empty(size, np.float32) if self.table is not None else None
+
+    def __call__(self, chunk: np.ndarray) -> np.ndarray:
+        count = chunk.size
+        if self.wide is not None:
+            out = np.left_shift(chunk, 16, out=self.wide[:count], dtype=np.uint32)
+            return out.view(np.float32)
+        if self.dt == "bfloat16":  # bf16_bits: the consumer decodes
+            return chunk
+        if self.table is not None and self.decoded is not None:
+            return np.take(self.table, chunk, out=self.decoded[:count])
+        return _decode(chunk, self.dt, self.as_float)
 
 
 def load_flat(loc: Locator) -> np.ndarray:
