@@ -20,8 +20,7 @@ HEADS: dict[tuple[str, str, str], str] = {}
 """(node, stem, type) -> the head of its tensor lines: the same ~150 keys come back every token."""
 _SHAPES: dict[tuple[int, ...], str] = {}
 _SHAPES_MAX = 1 << 16
-LOW, HIGH = float("-inf"), float("inf")
-_LOW, _HIGH = LOW, HIGH
+_LOW, _HIGH = float("-inf"), float("inf")
 _FINITE_STATS = '{"max":%r,"min":%r,"mean":%r,"norm":%r,"nan":0,"inf":0}'
 
 
@@ -66,22 +65,6 @@ def head_text(node: str, stem: str, node_type: str) -> str:
 _FINITE_TAIL = (
     '"dtype":"%s","shape":[%s],"file":"%s","begin":%d,"end":%d,"stats":' + _FINITE_STATS + "}\n"
 )
-
-
-FINITE_TAIL_AT = '%s%s","begin":%d,"end":%d,"stats":' + _FINITE_STATS + "}\n"
-""":data:`_FINITE_TAIL` after its cached :func:`tail_prefix`: prefix, file, begin, end, stats."""
-TAIL_PREFIXES: dict[tuple[str, Any], str] = {}
-"""(dtype name, shape) -> ``"dtype":..,"shape":[..],"file":"``: the same few every token."""
-
-
-def tail_prefix(dtype_name: str, shape: Any) -> str:
-    """The start of a tensor line's tail up to its file name, cached in :data:`TAIL_PREFIXES`."""
-    if len(TAIL_PREFIXES) >= _SHAPES_MAX:  # growing sequence lengths: keep the cache bounded
-        TAIL_PREFIXES.clear()
-    text = TAIL_PREFIXES[(dtype_name, shape)] = (
-        f'"dtype":"{dtype_name}","shape":[{shape_text(shape)}],"file":"'
-    )
-    return text
 
 
 def tail_text(src: TensorItem) -> str:

@@ -28,18 +28,7 @@ from . import keep
 from .config import DumpConfig
 from .errors import LayerwatchError
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
-from .index_lines import (
-    FINITE_TAIL_AT,
-    HEADS,
-    HIGH,
-    LOW,
-    TAIL_PREFIXES,
-    head_text,
-    shape_text,
-    tail_prefix,
-    tail_text,
-    tensor_line,
-)
+from .index_lines import HEADS, head_text, shape_text, tail_text, tensor_line
 from .safetensors_file import (
     DTYPE_NAMES,
     SAFETENSORS_DTYPE,
@@ -117,25 +106,18 @@ class LayerwatchWriter(WriterThread):
 
     def _write_chunk(self, items: list[Any]) -> None:
         # One pass to sort the batch (it holds ~150 items a token): fresh copies, writable ones.
-        # Host copies (numpy arrays, nearly all of a long run) take the short branch.
         fresh: list[TensorItem] = []
         ok: list[TensorItem] = []
         weights: list[Any] = []
-        ndarray = np.ndarray
-        names = DTYPE_NAMES
         for it in items:
             kind = type(it)
             if kind is TensorItem:
                 if it.alias is None:
                     fresh.append(it)
                     data = it.tensor
-                    it.shape = data.shape  # a tuple (torch.Size is one): formatted, never mutated
-                    if type(data) is ndarray:
-                        it.dtype_name = names.get(it.dtype) or dtype_name(it.dtype)
-                        ok.append(it)
-                        continue
                     it.dtype_name = DTYPE_NAMES.get(it.dtype) or dtype_name(it.dtype)
-                    if isinstance(data, ndarray) or (
+                    it.shape = data.shape  # a tuple (torch.Size is one): formatted, never mutated
+                    if isinstance(data, np.ndarray) or (
                         type(data) is not Placeholder and _plain_tensor(data)
                     ):
                         ok.append(it)
@@ -147,8 +129,7 @@ class LayerwatchWriter(WriterThread):
                 it.stats = row
         payload: list[Any] = weights
         if self.want_payload:
-            writable = SAFETENSORS_DTYPE
-            payload += [it for it in ok if it.dtype in writable]
+            payload += [it for it in ok if it.dtype in SAFETENSORS_DTYPE]
         if payload:
             self._write_data_file(payload)
         if self.ring is not None:
@@ -233,7 +214,6 @@ class LayerwatchWriter(WriterThread):
         views: list[Any] = []
         offset = 0
         ndarray = np.ndarray
-        ends: list[int] = []
         for it in payload:  # offsets relative to the payloads first: the header's size is unknown
             data = it.tensor
             view = data if type(data) is ndarray else payload_view(data)
@@ -249,28 +229,15 @@ class LayerwatchWriter(WriterThread):
                     f"{tensor_entry(it.token, it.node, it.stem, it.dtype, it.shape, offset)}{end}]}}"
                 )
             views.append(view)
-            ends.append(end)
+            it.begin, it.end = offset, end
             offset = end
         rel = fmt.data_file_name(self.seq)
         self.seq += 1
         base = write_batch_parts(self.run_dir / rel, parts, views)
-        begin = base
-        prefixes = TAIL_PREFIXES
-        for it, end in zip(payload, ends, strict=True):
-            end += base
+        for it in payload:
             it.file = rel
-            it.begin = begin
-            it.end = end
-            # A tensor's index tail while its pieces are at hand (tail_text's finite case,
-            # nearly every tensor), so the line loop finds it cached.
-            st = it.stats if type(it) is TensorItem else None
-            if st is not None:
-                mx, mn, mean, norm, nan, inf = st
-                if not nan and not inf and LOW < mn <= mx < HIGH and LOW < mean < HIGH > norm:
-                    key = (it.dtype_name, it.shape)
-                    prefix = prefixes.get(key) or tail_prefix(*key)
-                    it.tail = FINITE_TAIL_AT % (prefix, rel, begin, end, mx, mn, mean, norm)
-            begin = end
+            it.begin += base
+            it.end += base
         self.bytes_written += base + offset
 
     def append_index(self, text: str) -> None:
