@@ -570,6 +570,7 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
             attach_spec(target, idle_s=0, watch=False),
             session=session,
         )
+        source.freeze_heap = True  # as tui/app.py run_app sets it for `open`
         app = LayerwatchApp(source, title="bench-scale", color_system="truecolor")
         start_rss = rss_mb()[0]
         t0 = time.perf_counter()
