@@ -9,14 +9,17 @@ by whole columns (``validate_scroll_x`` snaps), so a cell is never cut in half.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+from rich.color import Color as RichColor
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.cache import LRUCache
+from textual.filter import ANSIToTruecolor, LineFilter
 from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -28,6 +31,7 @@ from .messages import CellChosen, CursorMoved, FollowChanged
 COLUMN = palette.CELL_WIDTH + 1
 """Cell text plus a one-character gap, so neighbouring cells of one colour stay apart."""
 FOCUS_STYLE = Style(reverse=True, bold=True)
+BLURRED_CURSOR_STYLE = Style(underline=True)
 FIRST_BAD_STYLE = Style(bold=True, underline=True)
 MAX_CELL_REGIONS = 400
 """Above this many changed cells on screen, refresh whole lines instead of cell regions."""
@@ -35,6 +39,22 @@ ROW_SLACK = 256
 """The virtual height runs up to this many rows ahead of the newest token: a new token then
 repaints its line instead of re-laying-out the screen (a layout pass per tick cost ~60 ms
 at 200×50 while streaming; bench_tui)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """What every line of one frame shares, read once per :meth:`LayerGrid.render_lines`:
+    ``scrollable_content_region`` alone walks the styles (~20 µs a call, two a line)."""
+
+    width: int
+    first: int
+    """First visible column."""
+    count: int
+    """Columns that touch the screen (the last one may be cut)."""
+    top: int
+    """Row shown on the first line under the header."""
+    height: int
+    focus: bool
 
 
 class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
@@ -69,6 +89,12 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
         self._base_style = Style()
         self._scheme: palette.Scheme | None = None
         self._label_width = 6
+        self._truecolor: tuple[ANSIToTruecolor | None, RichColor | None] = (None, None)
+        """The app's ANSI→truecolor filter and the background it was applied with to the
+        precomputed styles (:meth:`get_line_filters` then skips it for this widget)."""
+        self._frame: Frame | None = None
+        self._window: list[list[int]] | None = None
+        """Codes of the frame's visible cells, a list a row from ``Frame.top`` (:meth:`_codes`)."""
 
     # --- styles ----------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -82,17 +108,24 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
 
     def _build_styles(self) -> None:
         """Precompute the cell segments per code and the chrome styles (never per frame:
-        ``rich_style`` and component styles walk the DOM, measured at 0.1 ms a call)."""
+        ``rich_style`` and component styles walk the DOM, measured at 0.1 ms a call).
+
+        The styles are passed through the app's ANSI→truecolor filter here, once, so that
+        :meth:`get_line_filters` can leave it out: applied per frame it rebuilt every segment
+        of every new line, about a third of a cold repaint (bench_tui). The result is the
+        same: the filter maps each style on its own, and adding bold, reverse or underline
+        to a converted style commutes with it."""
         self._scheme = palette.scheme_for(self.app.color_system)
-        base = self._base_style = self.rich_style
-        self._cell_styles = [base + s for s in palette.cell_styles(self._scheme)]
+        convert = self._converter()
+        base = self._base_style = convert(self.rich_style)
+        self._cell_styles = [convert(base + s) for s in palette.cell_styles(self._scheme)]
         gap = Segment(" ", base)
         self._cell_segments = [
             (Segment(text, style), gap)
             for text, style in zip(palette.CELL_TEXTS, self._cell_styles, strict=True)
         ]
         self._chrome = {
-            name: self.get_component_rich_style(name)
+            name: convert(self.get_component_rich_style(name))
             for name in (
                 "layer-grid--header",
                 "layer-grid--label",
@@ -101,6 +134,33 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
             )
         }
         self._cache.clear()
+
+    def _converter(self) -> Callable[[Style], Style]:
+        """The app's enabled ANSI→truecolor filter as a style function (identity without)."""
+        found = [f for f in self.app.get_line_filters() if isinstance(f, ANSIToTruecolor)]
+        if not found:
+            self._truecolor = (None, None)
+            return lambda style: style
+        truecolor, background = found[0], self.background_colors[1].rich_color
+        self._truecolor = (truecolor, background)
+        return lambda style: truecolor.truecolor_style(style, background)
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        """The app's filters less the ANSI→truecolor one already applied to every style this
+        widget draws with (:meth:`_build_styles`); all of them when the styles are stale."""
+        filters = super().get_line_filters()
+        truecolor, background = self._truecolor
+        enabled = next((f for f in filters if isinstance(f, ANSIToTruecolor)), None)
+        if enabled is not truecolor:  # ansi_color toggled or the theme replaced the filter
+            self.call_later(self._restyle)
+            return filters
+        if truecolor is None or self.background_colors[1].rich_color != background:
+            return filters
+        return [f for f in filters if f is not truecolor]
+
+    def _restyle(self) -> None:
+        self._build_styles()
+        self.refresh()
 
     # --- geometry --------------------------------------------------------------------------
     @property
@@ -213,10 +273,46 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
         self.clamp_cursor()
         self.post_message(CursorMoved(self.cursor_row, self.cursor_col, self.cursor_block))
 
+    def _read_frame(self) -> Frame:
+        region = self.scrollable_content_region
+        first = int(self.scroll_offset.x) // COLUMN
+        data = max(region.width - self._label_width, 0)
+        return Frame(
+            width=region.width,
+            first=first,
+            count=max(-(-data // COLUMN), 1),
+            top=int(self.scroll_offset.y),
+            height=max(region.height - 1, 1),
+            focus=self.has_focus,
+        )
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """Read the frame's geometry once for all its lines (see :class:`Frame`)."""
+        self._frame = self._read_frame()
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._frame = self._window = None
+
+    def _codes(self, row: int, first: int, count: int) -> list[int]:
+        """Codes of ``row``'s cells in columns ``first`` to ``first + count``; during a frame,
+        the first row not in the strip cache fetches the whole screen's in one numpy call."""
+        frame, model = self._frame, self.model
+        cols = model.visible[first : first + count]
+        if (
+            frame is None
+            or (first, count) != (frame.first, frame.count)
+            or not frame.top <= row < frame.top + frame.height
+        ):
+            return model.codes[row, cols].tolist()
+        if self._window is None:
+            bottom = min(frame.top + frame.height, model.n_tokens)
+            self._window = model.codes[frame.top : bottom][:, cols].tolist()
+        return self._window[row - frame.top]
+
     def render_line(self, y: int) -> Strip:
-        width = self.scrollable_content_region.width
-        first = self.first_column
-        count = self.data_columns + 1
+        frame = self._frame or self._read_frame()
+        width, first, count = frame.width, frame.first, frame.count
         if y == 0:
             key = (
                 "header",
@@ -231,7 +327,7 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
             if strip is None:
                 strip = self._cache[key] = self._header(first, count, width)
             return strip
-        row = int(self.scroll_offset.y) + y - 1
+        row = frame.top + y - 1
         if row >= self.model.n_tokens:
             return Strip.blank(width, self._base_style)
         cursor = self.cursor_col if row == self.cursor_row else -1
@@ -244,7 +340,7 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
             self.model.version,
             self.model.first_bad,
             self.model.parting,
-            self.has_focus,
+            frame.focus,
             self._label_width,
         )
         strip = self._cache.get(key)
@@ -253,13 +349,19 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
         return strip
 
     def _fit(self, segments: list[Segment], length: int, width: int) -> Strip:
-        """Cut the last partial column or pad to exactly ``width`` cells."""
-        strip = Strip(segments, length)
+        """Cut the last partial column or pad to exactly ``width`` cells: the same segments
+        as ``Strip.crop(0, width)`` without walking the line from its start."""
         if length > width:
-            return strip.crop(0, width)
-        if length < width:
-            return strip.extend_cell_length(width, self._base_style)
-        return strip
+            cut = segments.pop()
+            length -= cut.cell_length
+            while length > width:
+                cut = segments.pop()
+                length -= cut.cell_length
+            if length < width:
+                segments.append(cut.split_cells(width - length)[0])
+        elif length < width:
+            segments.append(Segment(" " * (width - length), self._base_style))
+        return Strip(segments, width)
 
     def _header(self, first: int, count: int, width: int) -> Strip:
         style = self._chrome["layer-grid--header"]
@@ -292,7 +394,7 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
         if parts and mark == " ":
             mark = palette.GLYPH_PARTING
         segments = [Segment(f"{row:>{self._label_width - 2}}{mark} ", label_style)]
-        codes = model.codes[row, model.visible[first : first + count]].tolist()
+        codes = self._codes(row, first, count)
         table = self._cell_segments
         for code in codes:
             segments.extend(table[code])
@@ -308,7 +410,8 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
             if col == bad_col:
                 text, style = palette.GLYPH_FIRST_BAD + text[1:], style + FIRST_BAD_STYLE
             if col == cursor:
-                style += FOCUS_STYLE if self.has_focus else Style(underline=True)
+                focus = self._frame.focus if self._frame else self.has_focus
+                style += FOCUS_STYLE if focus else BLURRED_CURSOR_STYLE
             segments[index] = Segment(text, style)
         return self._fit(segments, self._label_width + len(codes) * COLUMN, width)
 
