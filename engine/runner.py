@@ -158,11 +158,10 @@ def _chunked(
 ) -> tuple[Estimate, dict[str, Any]] | None:
     """Both dumps can be compared a window of tokens at a time: (the estimate of that compare's
     size, a chunk reader per side). layerwatch indexes are read a chunk at a time, msit and ATB
-    a token directory at a time, msprobe whole (its ``dump.json`` numbers calls over a whole
-    step) and then windowed (engine/session/windowed.py). None: the whole-run path (a
-    layerwatch dump with cases or dropped files needs every record at once; other formats)."""
+    a token directory at a time, msprobe a token of its ``dump.json`` streams at a time
+    (engine/session/windowed.py). None: the whole-run path (a layerwatch dump with cases or
+    dropped files needs every record at once; other formats)."""
     from layerwatch.engine.session.budget import Estimate
-    from layerwatch.engine.session.windowed import WholeDump
 
     # By format name, not class: importing every reader would undo open_dump's per-format imports.
     if not all(r.fmt in ("layerwatch", "msit", "atb", "msprobe") for r in readers.values()):
@@ -176,18 +175,13 @@ def _chunked(
             sizes[side] = (scan.tensors, scan.tokens)
         elif reader.fmt in ("msit", "atb"):
             sizes[side] = reader.count_tensors()
-    sources: dict[str, Any] = dict(readers)
-    for side, reader in readers.items():  # read whole last: a refusal above leaves it unread
-        if reader.fmt == "msprobe":
-            update = reader.poll(None, final=True)
-            sizes[side] = (len(update.tensors), len({r.key.token for r in update.tensors}))
-            sources[side] = WholeDump(update)
+        else:  # msprobe: its first token counted, scaled by the size of its dump.json files
+            sizes[side] = reader.estimate()
     n, count = sizes["golden"]
     share = 1.0
     if tokens is not None and count:
         share = sum(t in tokens for t in range(count)) / count
-    held = any(isinstance(s, WholeDump) for s in sources.values())
-    return Estimate(int(n * share), count or 1, windowed=True, held=held), sources
+    return Estimate(int(n * share), count or 1, windowed=True), dict(readers)
 
 
 def _compare_windowed(

@@ -20,8 +20,8 @@ Each window is a fresh session sharing one pairer (its weight match is computed 
 job runner (one process pool). Its rows go to the report stream as the window completes and its
 results into the :class:`~.store.ResultStore`; then the window's records and results are dropped.
 Readers hand records over a chunk at a time in token order (``poll_chunk``: a layerwatch index
-chunk, an msit or ATB token directory of every rank; :class:`WholeDump` for a format read
-whole). A token closes once every rank of both sides has read past it (:attr:`_Side.top`); a
+chunk, an msit or ATB token directory of every rank, a token of every msprobe ``dump.json``
+read as a stream). A token closes once every rank of both sides has read past it (:attr:`_Side.top`); a
 tensor of a token whose window already closed is compared in a later window and noted.
 ``prepare`` changes a window's updates before they are compared: the golden spread over a
 tensor-parallel target's ranks (engine/session/ranks.py), local to a token as well.
@@ -153,20 +153,6 @@ def windows(
             yield out
         if finished and not any(s.buffered for s in sides.values()):
             return
-
-
-class WholeDump:
-    """A chunk reader over a dump that is read whole (msprobe numbers its calls across a whole
-    step in one ``dump.json``, so no token can be read alone): its one update, then None. The
-    records stay until their window is compared; only one window's pairs and results live at a
-    time, and every judged pair goes to the store like a chunked dump's."""
-
-    def __init__(self, update: ReaderUpdate) -> None:
-        self._update: ReaderUpdate | None = update
-
-    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
-        update, self._update = self._update, None
-        return update
 
 
 class WindowedRun:
