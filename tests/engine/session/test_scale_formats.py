@@ -112,13 +112,15 @@ def test_ranks_read_at_different_paces_close_a_token_only_when_every_rank_passed
 
 
 def test_a_per_case_compare_streams_the_report_the_cases_make_whole(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Per-case dumps: each case's rows go out as the case is judged; the files and stdout are
-    what the cases compared whole give (the JSON object written at once, ``indent=1``)."""
+    """Per-case dumps: each case's records are built when its turn comes (from the index's
+    columns; the dumps are never read whole) and its rows go out as it is judged; the files
+    and stdout are what the cases compared whole give (the JSON object written at once,
+    ``indent=1``)."""
     from layerwatch.capture import DumpConfig, case, register_hook
     from layerwatch.capture.demo import build_model, generate, make_prompt
-    from layerwatch.engine.cases import compare_cases, report_object
+    from layerwatch.engine.cases import compare_cases, report_object, spans
     from layerwatch.engine.report import CSV_COLUMNS, csv_row, json_row
 
     for name, fault, keys in (("g", None, "abc"), ("t", "rotary_swap", "abq")):
@@ -150,6 +152,21 @@ def test_a_per_case_compare_streams_the_report_the_cases_make_whole(
             + json.dumps({k: v for k, v in obj.items() if k != "rows"})
             + "\n",
         }
+    from layerwatch.engine.readers.layerwatch import IndexTable, LayerwatchReader
+
+    def whole_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a per-case compare read a dump whole")
+
+    built: list[tuple[int, int]] = []
+    records = IndexTable.records
+
+    def counted(self: IndexTable, low: int, high: int) -> tuple[list, list[str]]:
+        got = records(self, low, high)
+        built.append((low, len(got[0])))
+        return got
+
+    monkeypatch.setattr(LayerwatchReader, "poll", whole_read)
+    monkeypatch.setattr(IndexTable, "records", counted)
     for suffix, expected in want.items():
         out = tmp_path / f"r{suffix}"
         assert main(["compare", g, t, "-o", str(out), "--jobs", "1"]) == 1
@@ -157,6 +174,14 @@ def test_a_per_case_compare_streams_the_report_the_cases_make_whole(
     capsys.readouterr()
     assert main(["compare", g, t, "--json", "--jobs", "1"]) == 1
     assert capsys.readouterr().out == want[".json"]
+    # a case of a side at a time, each paired case once a run (unpaired ones never read)
+    sizes = [
+        sum(span.begin <= r.key.token < (span.end or 1 << 62) for r in update.tensors)
+        for update in updates.values()
+        for span in spans(update.case_marks)
+    ]
+    assert built and all(n in sizes for _, n in built), (built, sizes)
+    assert len(built) == 4 * 4  # golden and target of cases a and b; three files and stdout
 
 
 @pytest.mark.parametrize(
