@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -195,36 +196,28 @@ class RankCalls:
         self.splitter: TokenSplitter[tuple[Call, int]] = TokenSplitter(tops)
         self._stream = ObjectStream(self.path)
         self._entries = self._stream.walk("data")
-        self._ready: list[tuple[int, tuple[Call, int]]] = []
-        self._next = 0
+        self._ready: deque[tuple[int, tuple[Call, int]]] = deque()
         self.done = False
 
     def next_token(self) -> tuple[int, list[tuple[Call, int]]] | None:
         """(token in the step, its calls each with the character position after it), or None
-        after the last."""
-        while not self.done and (
-            self._next >= len(self._ready) or self._ready[-1][0] == self._ready[self._next][0]
-        ):
+        after the last. A call handed out is no longer held here."""
+        ready = self._ready
+        while not self.done and (not ready or ready[-1][0] == ready[0][0]):
             self._read()
-        if self._next >= len(self._ready):
+        if not ready:
             return None
-        token = self._ready[self._next][0]
+        token = ready[0][0]
         out = []
-        while self._next < len(self._ready) and self._ready[self._next][0] == token:
-            out.append(self._ready[self._next][1])
-            self._next += 1
-        if self._next >= len(self._ready):
-            self._ready, self._next = [], 0
-        elif self._next > 4_096:
-            del self._ready[: self._next]
-            self._next = 0
+        while ready and ready[0][0] == token:
+            out.append(ready.popleft()[1])
         return token, out
 
     def peek(self) -> int | None:
         """The token :meth:`next_token` gives next (None: none left)."""
-        while not self.done and self._next >= len(self._ready):
+        while not self.done and not self._ready:
             self._read()
-        return self._ready[self._next][0] if self._next < len(self._ready) else None
+        return self._ready[0][0] if self._ready else None
 
     def _read(self) -> None:
         """One more entry into the splitter (its end: what the splitter still holds)."""

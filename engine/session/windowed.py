@@ -276,7 +276,7 @@ def compare_windows(
     ``prepare``: changes a window's golden and target updates in place before they are
     compared (the golden spread over a tensor-parallel target's ranks, engine/session/ranks.py)."""
     run = run if run is not None else WindowedRun()
-    first: CompareSession | None = None
+    shared: tuple[Any, Any] | None = None  # the first session's pairer and job runner
     done = 0
     tables = open_tables(readers)  # finished layerwatch dumps: records built a window at a time
     source = (
@@ -287,11 +287,10 @@ def compare_windows(
     try:
         for updates in source:
             session = make_session()
-            if first is None:
-                first = session
+            if shared is None:
+                shared = (session.pairer, session.runner)
             else:  # one weight match, one process pool for the whole run
-                session.pairer = first.pairer
-                session.runner = first.runner
+                session.pairer, session.runner = shared
             if prepare is not None:
                 prepare(updates["golden"], updates["target"])
             session.compare_finished(
@@ -301,9 +300,11 @@ def compare_windows(
             done += len(results)
             sink.add(results)
             run.take(session, results)
+            # Dropped before the next window is read: no window's records outlive it.
+            del session, results, updates
     finally:
-        if first is not None:
-            first.close()
+        if shared is not None:
+            shared[1].close()
     return run
 
 
