@@ -184,7 +184,7 @@ def _chunked(
             sizes[side] = (scan.tensors, scan.tokens)
         elif reader.fmt in ("msit", "atb"):
             sizes[side] = reader.count_tensors()
-        else:  # msprobe: its first token counted, scaled by the size of its dump.json files
+        elif side == "golden":  # msprobe: its first token counted, scaled by its files' size
             sizes[side] = reader.estimate()
     n, count = sizes["golden"]
     share = 1.0

@@ -11,6 +11,7 @@ from the file: only one entry and one buffer are held. Values are what ``json.lo
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,6 +23,9 @@ BLOCK = 1 << 20
 MAX_VALUE = 64 << 20
 """The longest single value waited for; a value still unparsed past it is corrupt."""
 _WS = " \t\n\r"
+_KEY = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
+"""A key without escapes or control characters (what json.loads takes as it is), its colon."""
+_AFTER = re.compile(r"[ \t\n\r]*([,}])")
 
 
 class JsonStreamError(LayerwatchError):
@@ -82,13 +86,25 @@ class ObjectStream:
             self._pos += 1
             return
         while True:
-            if self._peek() != '"':
-                self._fail("expected a key")
-            key = self._value()
-            self._expect(":")
+            # A plain key, its colon and the blanks after it in one regular-expression match;
+            # anything else (escapes, a key cut by the buffer's end) the careful way.
+            match = _KEY.match(self._buf, self._pos)
+            if match is not None:
+                key = match.group(1)
+                self._pos = match.end()
+            else:
+                if self._peek() != '"':
+                    self._fail("expected a key")
+                key = self._value()
+                self._expect(":")
             yield key
-            ch = self._peek()
-            self._pos += 1
+            match = _AFTER.match(self._buf, self._pos)
+            if match is not None:
+                ch = match.group(1)
+                self._pos = match.end()
+            else:
+                ch = self._peek()
+                self._pos += 1
             if ch == "}":
                 return
             if ch != ",":
@@ -129,7 +145,8 @@ class ObjectStream:
 
     def _value(self) -> Any:
         """The JSON value at the position, decoded whole; the buffer grows until it holds it."""
-        self._peek()
+        if self._pos >= len(self._buf) or self._buf[self._pos] in _WS:
+            self._peek()
         while True:
             try:
                 value, end = self._decode(self._buf, self._pos)

@@ -128,10 +128,7 @@ class MsprobeReader:
 
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
-        if not self.root.exists():
-            if not self._gone_noted:
-                update.notes.append(f"{self.root}: dump directory disappeared")
-                self._gone_noted = True
+        if self._gone(update):
             return update
         steps = self._steps()
         wanted: set[Path] | None = None
@@ -221,6 +218,7 @@ class MsprobeReader:
                 return update
 
     def _gone(self, update: ReaderUpdate) -> bool:
+        """``True`` when the dump directory is gone (with a note the first time)."""
         if self.root.exists():
             return False
         if not self._gone_noted:
