@@ -104,6 +104,9 @@ class MsprobeReader:
     """Reads msprobe PyTorch dumps (tensor or statistics)."""
 
     fmt = "msprobe"
+    live_chunks = False
+    """``poll_chunk`` is ``compare``'s alone: it keeps no key of the tokens it handed out, so
+    the live session (engine/live/side.py) reads msprobe dumps with ``poll``."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
