@@ -226,7 +226,9 @@ class ReportStream:
                 (self._fh, "".join(dumps_json(json_row(r)) + "\n" for r in results).encode())
             )
         if self._json_rows is not None and results:
-            rows = ",".join(dumps_json(json_row(r)) for r in results)
+            # one encode of the window's rows (a list's items are joined by "," as these are):
+            # one call instead of a call a row
+            rows = dumps_json([json_row(r) for r in results])[1:-1]
             parts.append((self._json_rows, (("," if self.rows else "") + rows).encode()))
         table = parquet_table(results) if self._parquet is not None and results else None
         try:

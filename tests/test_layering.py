@@ -141,14 +141,17 @@ def _layer(name: str) -> str:
 
 
 # What each engine layer may import from the engine besides itself. numerics measures records,
-# so it streams their bytes through readers/load.py and fills seam's plain result records
-# (MetricCheck, PairDetail); it never reaches the other readers, the session or the front ends.
+# so it streams their bytes through readers/load.py (a large compare's next payloads read ahead
+# in a thread by readers/prefetch.py, with load's own functions) and fills seam's plain result
+# records (MetricCheck, PairDetail); it never reaches the other readers, the session or the
+# front ends.
 _MAY_IMPORT = {
     "engine.readers": {"layerwatch.engine.records"},
     "engine.numerics": {
         "layerwatch.engine.records",
         "layerwatch.engine.seam",
         "layerwatch.engine.readers.load",
+        "layerwatch.engine.readers.prefetch",
     },
     "layerwatch.engine.records": set(),
     "layerwatch.engine.seam": {"layerwatch.engine.records"},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -21,11 +22,13 @@ from layerwatch.engine.numerics.metrics import MetricAccumulator, paired_chunks
 from layerwatch.engine.numerics.segments import BATCH, SMALL, small_accumulators
 from layerwatch.engine.numerics.statistics import stats_metrics, stats_of, tensor_stats
 from layerwatch.engine.readers.load import (
+    ChunkDecoder,
     canonical_dtype,
     iter_chunks,
     load_flat,
     yields_bf16_bits,
 )
+from layerwatch.engine.readers.prefetch import PayloadPrefetch, prefetchable
 from layerwatch.engine.records import (
     Locator,
     PairResult,
@@ -107,13 +110,25 @@ def compare_pairs(
     elems = sum(math.prod(g.shape) for g, _, _ in items if g.loc is not None)
     fused.kernel_for(elems, running=True)  # a live session's batches add up
     small: dict[tuple[float, bool], list[int]] = {}
+    large: list[int] = []
     for i, (golden, target, is_logits) in enumerate(items):
-        wanted = side_stats and (golden.stats is None or target.stats is None)
         floor = _small_floor(golden, target, is_logits, thresholds)
         if floor is None:
-            results[i] = _compare_one(golden, target, thresholds, is_logits, chunk_elems, wanted)
+            large.append(i)
         else:
+            wanted = side_stats and (golden.stats is None or target.stats is None)
             small.setdefault((floor, wanted), []).append(i)
+    prefetch = _prefetch([items[i] for i in large], chunk_elems)
+    try:
+        for i in large:
+            golden, target, is_logits = items[i]
+            wanted = side_stats and (golden.stats is None or target.stats is None)
+            results[i] = _compare_one(
+                golden, target, thresholds, is_logits, chunk_elems, wanted, prefetch
+            )
+    finally:
+        if prefetch is not None:
+            prefetch.close()
     for (floor, wanted), indices in small.items():
         batch: list[int] = []
         held = 0
@@ -126,6 +141,60 @@ def compare_pairs(
             held += size
         _compare_small(items, batch, floor, thresholds, results, wanted)
     return [r for r in results if r is not None]
+
+
+PREFETCH_FROM = 8 << 20
+"""Payload bytes of the streamed pairs of one call from which they are read ahead in a thread
+(``readers/prefetch.py``): below that the thread's start and hand-offs cost more than the
+overlap of reading with measuring saves."""
+
+
+def _prefetch(
+    items: Sequence[tuple[TensorRecord, TensorRecord, bool]], chunk_elems: int
+) -> PayloadPrefetch | None:
+    """A reader thread for the streamed pairs' payloads, when there are enough bytes and a
+    spare core for it. ``LAYERWATCH_PREFETCH=0``: never, ``=1``: whatever the load (the bench
+    times both side by side)."""
+    pairs = [
+        (g.loc, t.loc)
+        for g, t, _ in items
+        if g.loc is not None
+        and t.loc is not None
+        and tuple(g.shape) == tuple(t.shape)
+        and prefetchable(g.loc, t.loc)
+    ]
+    if sum(g.nbytes + t.nbytes for g, t in pairs) < PREFETCH_FROM:
+        return None
+    knob = os.environ.get("LAYERWATCH_PREFETCH", "")
+    if knob == "0" or (knob != "1" and not _spare_core()):
+        return None
+    try:
+        return PayloadPrefetch(pairs, chunk_elems)
+    except (MemoryError, RuntimeError):  # no room for the ring, no thread: read them here
+        return None
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _spare_core() -> bool:
+    """Whether a second core is likely idle for the reader thread: two or more cores and the
+    one-minute load average below ``cores − ½``. On a core the box is using anyway the thread
+    saves no time and costs ~7 % more CPU for the streamed pairs (its copies land in another
+    core's cache; bench case (a) at load 4–7 on the 2-core development box)."""
+    cores = _cores()
+    if cores < 2:
+        return False
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): assume the core is there
+        return True
+    return load < cores - 0.5
 
 
 def _keep_stats(result: PairResult, stats: tuple[Stats, Stats] | None) -> None:
@@ -178,6 +247,7 @@ def _compare_one(
     is_logits: bool,
     chunk_elems: int,
     side_stats: bool = False,
+    prefetch: PayloadPrefetch | None = None,
 ) -> PairResult:
     result = _new_result(golden, target, is_logits)
     if tuple(golden.shape) != tuple(target.shape):
@@ -197,6 +267,7 @@ def _compare_one(
                 chunk_elems=chunk_elems,
                 side_stats=side_stats,
                 mask=mask_fill(golden, target),
+                prefetch=prefetch,
             )
         else:
             stats = (
@@ -321,26 +392,22 @@ def tensor_measure(
     chunk_elems: int = CHUNK,
     side_stats: bool = False,
     mask: tuple[float, float] | None = None,
+    prefetch: PayloadPrefetch | None = None,
 ) -> tuple[dict[str, float], tuple[Stats, Stats] | None]:
     """Stream both tensors once, chunk by chunk, into the metric (and logits) accumulators: the
     metrics and, with ``side_stats``, both sides' statistics (same pass); ``mask``: each side's
-    additive-mask fill (:func:`mask_fill`), compared as −inf."""
+    additive-mask fill (:func:`mask_fill`), compared as −inf; ``prefetch``: a reader thread
+    that may have this pair's chunks read already (:func:`_prefetch`)."""
     acc = MetricAccumulator(floor, exact=exact, side_stats=side_stats)
     vocab = int(golden.shape[-1]) if golden.shape else 0
     fused.kernel_for(math.prod(golden.shape))
     if mask is None and not (logits and vocab) and fused.loaded():
         # the kernel decodes bf16 on the fly: no float32 copy of the chunk
         bits = (yields_bf16_bits(golden), yields_bf16_bits(target))
-        raw = paired_chunks(
-            iter_chunks(golden, chunk_elems, reuse=True, bf16_bits=bits[0]),
-            iter_chunks(target, chunk_elems, reuse=True, bf16_bits=bits[1]),
-        )
-        for g, t in raw:
+        for g, t in _chunk_pairs(golden, target, chunk_elems, bits, prefetch):
             acc.update(g, t, bf16=bits)
         return acc.result(), acc.side_stats() if side_stats else None
-    pairs: Iterator[tuple[np.ndarray, np.ndarray]] = paired_chunks(
-        iter_chunks(golden, chunk_elems, reuse=True), iter_chunks(target, chunk_elems, reuse=True)
-    )
+    pairs = _chunk_pairs(golden, target, chunk_elems, (False, False), prefetch)
     if mask is not None:
         pairs = (unmask(g, t, mask) for g, t in pairs)
     if not (logits and vocab):
@@ -351,6 +418,28 @@ def tensor_measure(
     for g_rows, t_rows in row_blocks(_fed(acc, pairs), vocab):
         lacc.update(g_rows, t_rows)
     return acc.result() | lacc.result(), acc.side_stats() if side_stats else None
+
+
+def _chunk_pairs(
+    golden: Locator,
+    target: Locator,
+    chunk_elems: int,
+    bits: tuple[bool, bool],
+    prefetch: PayloadPrefetch | None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Equal-length chunk pairs of both payloads as ``iter_chunks(..., reuse=True,
+    bf16_bits=...)`` yields them: from the reader thread when it holds this pair, else read
+    here."""
+    ahead = prefetch.take(golden, target) if prefetch is not None else None
+    if ahead is None:
+        return paired_chunks(
+            iter_chunks(golden, chunk_elems, reuse=True, bf16_bits=bits[0]),
+            iter_chunks(target, chunk_elems, reuse=True, bf16_bits=bits[1]),
+        )
+    size = min(math.prod(golden.shape), chunk_elems)
+    dg = ChunkDecoder(canonical_dtype(golden.dtype), size, bf16_bits=bits[0])
+    dt = ChunkDecoder(canonical_dtype(target.dtype), size, bf16_bits=bits[1])
+    return ((dg(g), dt(t)) for g, t in ahead)
 
 
 def _fed(

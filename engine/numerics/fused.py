@@ -10,9 +10,11 @@ position mismatches, exact matches and both sides' statistics. The definitions s
 Start-up cost. Importing numba and loading its cached machine code costs ~0.3 s per process
 (numba's type registries, even for a cache hit) — as much as the kernel saves on a 500 MB
 compare. So numba is used only to *build* the kernel: one C entry point per (golden, target)
-dtype pair, compiled once (~3 s) and written as object code to :func:`cache_dir`. Every later
-process loads that object code with llvmlite alone (~35 ms, no numba import) and calls it
-through ctypes (which also releases the GIL). A process takes the kernel only for a compare of
+dtype pair, compiled once (~3 s) and written as object code to :func:`cache_dir` — and, where
+:func:`can_link`, linked into a shared library beside it. Every later process loads the library
+with ctypes (~3 ms, no llvmlite import), else the object code with llvmlite alone (~35 ms, no
+numba import), and calls it through ctypes (which also releases the GIL). A process takes the
+kernel only for a compare of
 at least :data:`MIN_ELEMS` elements (:func:`kernel_for`); then every later pair uses it, but
 for the smallest (``segments.KERNEL_FROM``). ``LAYERWATCH_NO_NUMBA=1``, a missing numba/llvmlite or a failed build keeps
 the numpy path, which gives the same metrics (``tests/engine/numerics/test_fused.py``).
@@ -32,9 +34,10 @@ import numpy as np
 
 MIN_ELEMS = 1 << 24
 """Element pairs a process must be about to measure before it loads the kernel. Measured: the
-load costs ~35 ms (llvmlite import and object code), the kernel saves ~2 ns per element pair
-over the numpy path (fp32/bf16: 1.4 vs 3.5 ns end to end), so it pays from ~1.7·10⁷ elements
-(a 100 MB fp32/bf16 compare)."""
+load costs ~35 ms through llvmlite (its import and the object code), the kernel saves ~2 ns per
+element pair over the numpy path (fp32/bf16: 1.4 vs 3.5 ns end to end), so it pays from
+~1.7·10⁷ elements (a 100 MB fp32/bf16 compare). The linked library's ~3 ms would pay from
+fewer; the threshold stays, so no compare changes path (and last digits) with the linker."""
 
 # Columns of the float totals.
 F_GG, F_TT, F_GT, F_DD, F_SUM_ABS, F_MAX_ABS, F_SUM_REL, F_MAX_REL = range(8)
@@ -151,27 +154,69 @@ def cache_dir() -> Path:
     return Path(base) / "layerwatch" / "kernels"
 
 
+def host_cpu() -> str:
+    """The CPU the object code is built for, part of its cache key. Linux: the first
+    processor's identity and feature flags from ``/proc/cpuinfo`` (no llvmlite import: a
+    process that finds a linked library never loads LLVM); elsewhere llvmlite's host CPU name
+    and features."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                head = fh.read(1 << 16).split("\n\n", 1)[0]
+        except OSError:
+            head = ""
+        wanted = {"vendor_id", "cpu family", "model", "model name", "flags", "features"}
+        wanted |= {"cpu implementer", "cpu architecture", "cpu variant", "cpu part", "isa"}
+        lines = [
+            line.strip()
+            for line in head.splitlines()
+            if line.split(":", 1)[0].strip().lower() in wanted
+        ]
+        if lines:
+            return "\n".join(lines)
+    llvm = _llvm_binding()
+    return f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
+
+
+def _llvm_binding() -> Any:
+    """llvmlite's binding, initialised (imported only to load or build object code)."""
+    import llvmlite.binding as llvm
+
+    if hasattr(llvm, "initialize_native_target"):
+        try:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+        except Exception:  # newer llvmlite initialises itself and may refuse
+            pass
+    return llvm
+
+
+def can_link() -> bool:
+    """Whether built entry points are also linked into a shared library (Linux with the
+    system linker ``ld``): a later process then loads it with ``ctypes`` in ~1 ms instead of
+    importing llvmlite (~25 ms) and running its MCJIT."""
+    import shutil
+
+    return sys.platform.startswith("linux") and shutil.which("ld") is not None
+
+
 class Kernel:
     """The loaded entry points, one per (golden, target) dtype pair, built on first need."""
 
     def __init__(self) -> None:
-        import hashlib
+        import zlib  # not hashlib: its OpenSSL import alone cost 2.5–6 ms of every compare
+        from importlib.util import find_spec
 
-        import llvmlite.binding as llvm
-
-        if hasattr(llvm, "initialize_native_target"):
-            try:
-                llvm.initialize_native_target()
-                llvm.initialize_native_asmprinter()
-            except Exception:  # newer llvmlite initialises itself and may refuse
-                pass
-        self._llvm = llvm
-        cpu = f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
+        if find_spec("llvmlite") is None:  # no numba either: nothing can be built or loaded
+            raise ImportError("llvmlite is not installed")
         source = Path(__file__).with_name("fused_kernel.py").read_bytes()
-        self._key = hashlib.sha256(source + cpu.encode() + sys.version.encode()).hexdigest()[:16]
+        machine = (host_cpu() + sys.version).encode()
+        self._key = f"{zlib.crc32(source):08x}{zlib.crc32(machine):08x}"
         self._entries: dict[tuple[np.dtype, np.dtype], Any] = {}
         self._engines: list[Any] = []
-        """One JIT engine per entry point (each object repeats numba's helper symbols)."""
+        """One JIT engine or loaded library per entry point (each object repeats numba's
+        helper symbols)."""
+        self._llvm: Any = None
         self._work = threading.local()
 
     def entry(self, golden: np.dtype, target: np.dtype) -> Any:
@@ -193,10 +238,28 @@ class Kernel:
     def _load(self, golden: str, target: str) -> Any:
         path = cache_dir() / f"fused-{golden}-{target}-{self._key}.o"
         meta = path.with_suffix(".json")
+        shared = path.with_suffix(".so")
         try:
             info = json.loads(meta.read_text())
-            obj = path.read_bytes()
         except (OSError, ValueError):
+            info = None
+        if info is not None and shared.exists():
+            try:
+                library = ctypes.CDLL(str(shared))
+                address = ctypes.cast(getattr(library, info["symbol"]), ctypes.c_void_p).value
+                if not address:
+                    raise AttributeError(f"entry point {info['symbol']} not found")
+                self._engines.append(library)
+                return _ENTRY(address)
+            except (OSError, AttributeError) as exc:  # a foreign or damaged file: object code
+                _log().info("cannot load %s (%s); loading the object code", shared, exc)
+        if self._llvm is None:
+            self._llvm = _llvm_binding()
+        try:
+            if info is None:
+                raise OSError("no entry point kept")
+            obj = path.read_bytes()
+        except OSError:
             info, obj = self._build(golden, target, path, meta)
         for name in info["undefined"]:
             address = self._address_of(name)
@@ -216,24 +279,27 @@ class Kernel:
 
     @staticmethod
     def _build(golden: str, target: str, path: Path, meta: Path) -> tuple[dict[str, Any], bytes]:
-        """Compile with numba (once per install, ~3 s) and keep the object code if we can."""
+        """Compile with numba (once per install, ~3 s) and keep the object code if we can;
+        where :func:`can_link`, also a shared library of it for later processes."""
         import tempfile
 
         from layerwatch.engine.numerics import fused_kernel
 
         _log().info("building the metric kernel for %s/%s (once)", golden, target)
-        symbol, obj, undefined = fused_kernel.build(golden, target)
-        info = {"symbol": symbol, "undefined": undefined}
+        built = fused_kernel.build(golden, target, pic=can_link())
+        info = {"symbol": built.symbol, "undefined": built.undefined}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            for dest, data in ((path, obj), (meta, json.dumps(info).encode())):
+            for dest, data in ((path, built.obj), (meta, json.dumps(info).encode())):
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(data)
                 os.replace(tmp, dest)
-        except OSError as exc:  # a read-only cache: this process still has the kernel
+            if built.pic is not None:
+                fused_kernel.link(built, path.with_suffix(".so"))
+        except (OSError, RuntimeError) as exc:  # a read-only cache, no working linker
             _log().info("cannot keep the metric kernel in %s: %s", path.parent, exc)
-        return info, obj
+        return info, built.obj
 
     def _address_of(self, name: str) -> int:
         """The Python C API's own symbols; numba's runtime helpers, which only error paths

@@ -14,6 +14,11 @@ are added to the running totals block by block (rounding grows like a blocked su
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import numba
 import numpy as np
 from numba import types
@@ -266,9 +271,20 @@ ENTRY_ARGS = ("g", "t", "n", "gk", "tk", "floor", "exact", "sides", "f", "k", "w
 kinds; floor; exact and sides (0/1); pointers to the float totals, int totals, work buffer."""
 
 
-def build(golden: str, target: str) -> tuple[str, bytes, list[str]]:
-    """Compile the C entry point for one (golden, target) numpy dtype pair: (symbol, object
-    code, names of the undefined symbols it references: error-path helpers, never called)."""
+@dataclass(frozen=True)
+class Built:
+    """One compiled entry point: its symbol, object code for llvmlite's MCJIT (``obj``), the
+    runtime helpers it names (``undefined``) and, when asked, the same module as
+    position-independent code for a shared library (``pic``)."""
+
+    symbol: str
+    obj: bytes
+    undefined: list[str]
+    pic: bytes | None = None
+
+
+def build(golden: str, target: str, *, pic: bool = False) -> Built:
+    """Compile the C entry point for one (golden, target) numpy dtype pair."""
     from numba import carray
 
     gty = numba.from_dtype(np.dtype(golden))
@@ -303,9 +319,66 @@ def build(golden: str, target: str) -> tuple[str, bytes, list[str]]:
         )
 
     compiled = numba.cfunc(sig, error_model="numpy")(entry)
-    obj = compiled._library.serialize_using_object_code()[2][0]  # type: ignore[attr-defined]
-    symbol = compiled.native_name
-    return symbol, bytes(obj), _undefined(obj)
+    library = compiled._library  # type: ignore[attr-defined]
+    obj = bytes(library.serialize_using_object_code()[2][0])
+    shared = _pic_object(library) if pic else None
+    return Built(compiled.native_name, obj, _undefined(obj), shared)
+
+
+def _machine(reloc: str) -> Any:
+    """A target machine for this CPU as numba's JIT sets it up, with ``reloc`` relocations."""
+    import llvmlite.binding as llvm
+
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(),
+        features=llvm.get_host_cpu_features().flatten(),
+        opt=_opt_level(),
+        reloc=reloc,
+        codemodel="default",
+    )
+
+
+def _opt_level() -> int:
+    """numba's optimisation level (``NUMBA_OPT``, 3 unless set), as its JIT uses it."""
+    from numba.core import config
+
+    return int(getattr(config, "OPT", 3))
+
+
+def _pic_object(library: Any) -> bytes:
+    """The optimised module numba finalised, emitted again as position-independent code (the
+    same IR, CPU and features: the same arithmetic; ``tests/engine/numerics/test_fused.py``
+    holds the two entry points to equal totals)."""
+    return bytes(_machine("pic").emit_object(library._final_module))
+
+
+def link(built: Built, dest: Path) -> None:
+    """Link ``built.pic`` into the shared library ``dest`` with the system linker. numba's
+    runtime helpers, which only error paths reach (the entry allocates and raises nothing),
+    become functions returning 0; the Python C API resolves against the running interpreter."""
+    import subprocess
+    import tempfile
+
+    import llvmlite.binding as llvm
+
+    assert built.pic is not None
+    stubs = [name for name in built.undefined if not name.lstrip("_").startswith("Py")]
+    stub_ir = "\n".join(f"define i64 @{name}() {{\n  ret i64 0\n}}" for name in stubs)
+    stub_obj = _machine("pic").emit_object(llvm.parse_assembly(stub_ir))
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".tmp-link-") as tmp:
+        parts = []
+        for name, data in (("kernel.o", built.pic), ("stubs.o", stub_obj)):
+            (Path(tmp) / name).write_bytes(data)
+            parts.append(str(Path(tmp) / name))
+        out = Path(tmp) / "kernel.so"
+        done = subprocess.run(
+            ["ld", "-shared", "-o", str(out), *parts], capture_output=True, text=True
+        )
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"ld failed: {done.stderr.strip()[:300]}")
+        os.chmod(out, 0o600)  # like the object code: the user's own, read by dlopen only
+        os.replace(out, dest)
 
 
 def _undefined(obj: bytes) -> list[str]:

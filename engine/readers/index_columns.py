@@ -25,11 +25,15 @@ import json
 import os
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # imported where scanned: concurrent.futures brings logging (~3 ms), which
+    # an msit or ATB compare (this module imported only to detect the format) never needs
+    from concurrent.futures import Future
 
 HEAD = b'{"k":"t","token":'
 NODE = b',"node":"'
@@ -166,6 +170,8 @@ def scan_file(
 ) -> IndexColumns:
     """Scan a whole index file (``OSError`` when it cannot be read). Blocks are scanned by
     ``threads`` workers (numpy releases the GIL); names are given ids in index order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     threads = threads or THREADS
     parts: list[tuple[np.ndarray, ...]] = []
     extra: list[tuple[int, bytes]] = []

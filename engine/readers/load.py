@@ -9,8 +9,10 @@ reads piecewise so a multi-GB tensor is compared in bounded memory.
 from __future__ import annotations
 
 import functools
+import io
 import math
 import os
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -364,46 +366,118 @@ def _reused_chunks(
     """Contiguous payload in chunks read into (and decoded in) buffers owned by this iterator."""
     size = min(total, max_elems)
     raw = np.empty(size, sdt)
-    wide = np.empty(size, np.uint32) if dt == "bfloat16" and not bf16_bits else None
-    table = _FP8.get(dt)
-    decoded = np.empty(size, np.float32) if table is not None else None
+    decode = ChunkDecoder(dt, size, as_float, bf16_bits)
     view = raw.data.cast("B")
     item = sdt.itemsize
-    try:
-        fh = open(loc.path, "rb", buffering=0)  # noqa: SIM115 (closed in finally, generator)
-    except FileNotFoundError:
-        raise LayerwatchError(f"{loc.path}: file not found") from None
-    except OSError as exc:
-        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+    fh = open_payload(loc)
     try:
         fh.seek(loc.offset + loc.elem_offset * item)
         for start in range(0, total, max_elems):
             count = min(max_elems, total - start)
-            want = count * item
-            got = 0
-            while got < want:
-                try:
-                    n = fh.readinto(view[got:want])
-                except OSError as exc:
-                    raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
-                if not n:
-                    need = loc.offset + (loc.elem_offset + start + count) * item
-                    raise LayerwatchError(
-                        f"{loc.path}: truncated (needs {need} bytes, the tensor is cut short)"
-                    )
-                got += n
-            chunk = raw[:count]
-            if wide is not None:
-                out = np.left_shift(chunk, 16, out=wide[:count], dtype=np.uint32)
-                yield out.view(np.float32)
-            elif dt == "bfloat16":  # bf16_bits: the consumer decodes
-                yield chunk
-            elif table is not None and decoded is not None:
-                yield np.take(table, chunk, out=decoded[:count])
-            else:
-                yield _decode(chunk, dt, as_float)
+            fill(fh, view, count * item, loc, start + count)
+            yield decode(raw[:count])
     finally:
         fh.close()
+
+
+class _HeldFiles:
+    """Whole small files a reader has just read, kept until their payload is loaded once.
+
+    A small ``.pth`` header read takes the whole file in one ``pread`` (engine/readers/pth.py);
+    loading its payload again cost an ``open``/``pread``/``close`` per tensor, ~10 µs each
+    (~18 ms of bench case (b)'s 1 776 loads). :func:`load_flat` slices those bytes instead:
+    the same bytes the locator was parsed from. Each entry is taken once (a reload reads the
+    file); at most :attr:`LIMIT` bytes are held, the oldest dropped first (records a compare
+    never loads, or that worker processes loaded, age out)."""
+
+    LIMIT = 16 << 20
+    BIGGEST = 1 << 16
+    """Files above this are never held (payloads of MB-sized tensors are streamed)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def keep(self, path: str, data: bytes) -> None:
+        if len(data) > self.BIGGEST:
+            return
+        with self._lock:
+            old = self.files.pop(path, None)
+            if old is not None:
+                self.held -= len(old)
+            while self.files and self.held + len(data) > self.LIMIT:
+                self.held -= len(self.files.pop(next(iter(self.files))))
+            self.files[path] = data
+            self.held += len(data)
+
+    def take(self, path: str) -> bytes | None:
+        if not self.files:
+            return None
+        with self._lock:
+            data = self.files.pop(path, None)
+            if data is not None:
+                self.held -= len(data)
+        return data
+
+    def clear(self) -> None:
+        with self._lock:
+            self.files.clear()
+            self.held = 0
+
+
+HELD = _HeldFiles()
+"""The process's held small files (:meth:`_HeldFiles.keep` by readers, taken by :func:`load_flat`)."""
+
+
+def open_payload(loc: Locator) -> io.FileIO:
+    """An unbuffered handle on ``loc``'s file (read straight into the caller's buffer), or a
+    one-line error."""
+    try:
+        return open(loc.path, "rb", buffering=0)
+    except FileNotFoundError:
+        raise LayerwatchError(f"{loc.path}: file not found") from None
+    except OSError as exc:
+        raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+
+
+def fill(fh: io.FileIO, view: memoryview, want: int, loc: Locator, end: int) -> None:
+    """Read exactly ``want`` bytes at ``fh``'s position into ``view``; ``end``: the element of
+    the tensor the read reaches, for the message when the file is cut short."""
+    got = 0
+    while got < want:
+        try:
+            n = fh.readinto(view[got:want])
+        except OSError as exc:
+            raise LayerwatchError(f"{loc.path}: cannot read: {exc}") from None
+        if not n:
+            need = loc.offset + (loc.elem_offset + end) * storage_dtype(loc.dtype).itemsize
+            raise LayerwatchError(
+                f"{loc.path}: truncated (needs {need} bytes, the tensor is cut short)"
+            )
+        got += n
+
+
+class ChunkDecoder:
+    """Stored chunks → the elements :func:`iter_chunks` yields, decoded into buffers it owns
+    and refills (bf16 widened, fp8 through its table; ``bf16_bits``: bf16 passed on as bits)."""
+
+    def __init__(self, dt: str, size: int, as_float: bool = False, bf16_bits: bool = False):
+        self.dt, self.as_float, self.bits = dt, as_float, bf16_bits
+        self.wide = np.empty(size, np.uint32) if dt == "bfloat16" and not bf16_bits else None
+        self.table = _FP8.get(dt)
+        self.decoded = np.empty(size, np.float32) if self.table is not None else None
+
+    def __call__(self, chunk: np.ndarray) -> np.ndarray:
+        count = chunk.size
+        if self.wide is not None:
+            out = np.left_shift(chunk, 16, out=self.wide[:count], dtype=np.uint32)
+            return out.view(np.float32)
+        if self.dt == "bfloat16":  # bf16_bits: the consumer decodes
+            return chunk
+        if self.table is not None and self.decoded is not None:
+            return np.take(self.table, chunk, out=self.decoded[:count])
+        return _decode(chunk, self.dt, self.as_float)
 
 
 def load_flat(loc: Locator) -> np.ndarray:
@@ -419,6 +493,9 @@ def load_flat(loc: Locator) -> np.ndarray:
     start = loc.offset + loc.elem_offset * sdt.itemsize
     if want:
         _check_container(loc)
+    whole = HELD.take(loc.path)
+    if whole is not None and start + want <= len(whole):
+        return _decode(np.frombuffer(whole, sdt, want // sdt.itemsize, start), dt, False)
     try:
         fd = os.open(loc.path, os.O_RDONLY)
     except FileNotFoundError:

@@ -23,7 +23,7 @@ from typing import Any
 from layerwatch.capture.atomic import replacing
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.capture.framing import ZIP_LOCAL, zip64_locator, zip_end_record
-from layerwatch.engine.readers.load import canonical_dtype, itemsize
+from layerwatch.engine.readers.load import HELD, canonical_dtype, itemsize
 from layerwatch.engine.records import Locator
 
 _SMALL = 1 << 16
@@ -452,6 +452,7 @@ def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locato
         if whole:
             known = _LAYOUTS.locator(spath, head)
             if known is not None:
+                HELD.keep(spath, head)  # its payload is sliced from these bytes (load_flat)
                 return known
             starts = []
         if head[:4] != ZIP_LOCAL:
@@ -491,6 +492,8 @@ def pth_locator(path: str | os.PathLike[str], size: int | None = None) -> Locato
         _LAYOUTS.learn(
             head, starts, (start, pkl[1]), order_at, spec.key, (data_start, storage[1]), used
         )
+    if whole:
+        HELD.keep(spath, head)
     # spec.dtype is already one of our names (the stand-ins only produce those)
     return Locator(
         spath, data_start, storage[1], spec.dtype, spec.shape, strides, spec.storage_offset

@@ -638,7 +638,26 @@ def _payload_key(item: Work) -> tuple[object, ...] | None:
     """Pairs reading the very same bytes on both sides (the layerwatch writer stores a tensor
     once when the next module's input is the previous one's output) share their metrics."""
     g, t = item.golden.loc, item.target.loc
-    return None if g is None or t is None else (g, t, item.is_logits)
+    if g is None or t is None:
+        return None
+    # the locators' fields, not the locators: a tuple of plain values hashes in C, a frozen
+    # dataclass through its Python ``__hash__`` (~8 calls a pair, ~4 ms of a 900-pair compare)
+    return (*_fields(g), *_fields(t), item.is_logits)
+
+
+def _fields(loc: Locator) -> tuple[object, ...]:
+    """What ``Locator.__eq__`` compares, in a plain tuple."""
+    return (
+        loc.path,
+        loc.offset,
+        loc.nbytes,
+        loc.dtype,
+        loc.shape,
+        loc.strides,
+        loc.elem_offset,
+        loc.layout,
+        loc.stored_shape,
+    )
 
 
 def _worth_sending(batch: ResultBatch) -> bool:

@@ -273,12 +273,15 @@ class ResultStore:
         s = self.strings.id
         names: list[tuple[str, float | None]] = []
         pos = self._pool_n
+        values: list[float] = []
         for name, value in result.metrics.items():
             if value in _CONST and math.copysign(1.0, value) > 0:
                 names.append((name, float(value)))
             else:
                 names.append((name, None))
-                self._put(value)
+                values.append(value)
+        if values:
+            self._put_many(values)
         self.counts[result.verdict] += 1
         return (
             key.token,
@@ -326,13 +329,20 @@ class ResultStore:
             self.strings.id(loc.dtype),
         )
 
-    def _put(self, value: float) -> None:
-        if self._pool_n == len(self._pool) * POOL_CHUNK:
-            self._pool.append(np.zeros(POOL_CHUNK, "<f8"))
-        pool = self._pool[-1]
-        assert pool is not None  # the pool chunk being filled is never spilled
-        pool[self._pool_n % POOL_CHUNK] = value
-        self._pool_n += 1
+    def _put_many(self, values: list[float]) -> None:
+        """Append a pair's metric values to the pool (one slice per chunk they fall in, not a
+        call per value: ~9 values a pair)."""
+        done = 0
+        while done < len(values):
+            if self._pool_n == len(self._pool) * POOL_CHUNK:
+                self._pool.append(np.zeros(POOL_CHUNK, "<f8"))
+            pool = self._pool[-1]
+            assert pool is not None  # the pool chunk being filled is never spilled
+            at = self._pool_n % POOL_CHUNK
+            take = min(POOL_CHUNK - at, len(values) - done)
+            pool[at : at + take] = values[done : done + take]
+            done += take
+            self._pool_n += take
 
     # --- reading ----------------------------------------------------------------------------
     def _spilled_rows(self, block: int, step: int) -> np.ndarray:

@@ -13,8 +13,11 @@ which the bench builds under ``--work`` on first use, or ``--msit VENV``) into `
 
 Both tools run as fresh processes (start-up included), with ``OMP_NUM_THREADS=1`` as msit's
 figures were taken, in the same run, medians of ``--repeat``; ours also once more without the
-compiled metric kernel (``LAYERWATCH_NO_NUMBA=1``, ``engine/numerics/fused.py``). The floor is reading every payload
-of both dumps once (our readers' locators + ``load_array``, in one process, no metrics).
+compiled metric kernel (``LAYERWATCH_NO_NUMBA=1``, ``engine/numerics/fused.py``), and with the
+next payloads read in a thread forced on and off, alternating (``LAYERWATCH_PREFETCH=1``/``0``,
+``engine/readers/prefetch.py``; by default the thread runs only with a spare core). The floor
+is reading every payload of both dumps once (our readers' locators + ``load_array``, in one
+process, no metrics).
 Goals: ≥ 20× msit on (a) and (b), ≥ 60 % of the load floor on (a).
 """
 
@@ -208,6 +211,15 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     row["load_start"] = os.getloadavg()[0]
     walls, cpus, _ = timed([*ours, "--jobs", "1"], dict(env, LAYERWATCH_NO_NUMBA="1"), args.repeat)
     row["numpy_j1_s"], row["numpy_j1_cpu"] = statistics.median(walls), statistics.median(cpus)
+    # the reader thread (engine/readers/prefetch.py) forced on and off, alternating
+    ahead: dict[str, tuple[list[float], list[float]]] = {"1": ([], []), "0": ([], [])}
+    for _ in range(args.repeat):
+        for knob, (w, c) in ahead.items():
+            walls, cpus, _ = timed([*ours, "--jobs", "1"], dict(env, LAYERWATCH_PREFETCH=knob), 1)
+            w += walls
+            c += cpus
+    for knob, (w, c) in ahead.items():
+        row[f"ahead{knob}_s"], row[f"ahead{knob}_cpu"] = statistics.median(w), statistics.median(c)
     for jobs in args.jobs:
         walls, cpus, out = timed([*ours, "--jobs", str(jobs)], env, args.repeat)
         row[f"ours_j{jobs}_s"] = statistics.median(walls)
@@ -283,6 +295,13 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
     print(
         f"  the same, --jobs 1 without the compiled kernel (LAYERWATCH_NO_NUMBA=1): "
         f"{row['numpy_j1_s']:.2f} s wall ({row['numpy_j1_cpu']:.2f} s CPU)"
+    )
+    print(
+        f"  --jobs 1 reading the next payloads in a thread (LAYERWATCH_PREFETCH=1): "
+        f"{row['ahead1_s']:.2f} s wall ({row['ahead1_cpu']:.2f} s CPU); in this thread only "
+        f"(=0): {row['ahead0_s']:.2f} s wall ({row['ahead0_cpu']:.2f} s CPU) → "
+        f"{row['ahead0_s'] / row['ahead1_s']:.2f}× by wall; by default the thread runs when "
+        f"the load average is below cores − ½"
     )
     if "lw_s" in row:
         s, cpu = row["lw_s"], row["lw_cpu"]

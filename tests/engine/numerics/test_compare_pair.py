@@ -211,17 +211,21 @@ CAPPED = textwrap.dedent("""
         print("UNCAPPED")
     except MemoryError:
         pass
+    from layerwatch.engine.numerics import compare as cm
+    made, make = [], cm._prefetch
+    cm._prefetch = lambda *a: made.append(make(*a)) or made[-1]
     r = compare_pair(rec(g_path, n), rec(t_path, n), th, chunk_elems=1 << 20)
     print(r.verdict.value, r.metrics["cosine_similarity"], r.metrics["max_absolute_error"])
-    print(fused.loaded())
+    print(fused.loaded(), any(m is not None for m in made))
 """)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["numpy", "kernel"])
+@pytest.mark.parametrize("engine", ["numpy", "kernel", "kernel, read ahead"])
 def test_large_pair_compares_under_a_fixed_address_space_cap(tmp_path: Path, engine: str) -> None:
     """2 × 256 MB compare with at most 64 MB of address space above the warm baseline, on the
-    numpy path and through the compiled kernel (numerics/fused.py)."""
+    numpy path, through the compiled kernel (numerics/fused.py) and with the payloads read
+    ahead in a thread (readers/prefetch.py: its ring and stack fit under the cap too)."""
     n = 64 << 20
     g_path, t_path = tmp_path / "g.bin", tmp_path / "t.bin"
     with open(g_path, "wb") as fg, open(t_path, "wb") as ft:
@@ -235,8 +239,10 @@ def test_large_pair_compares_under_a_fixed_address_space_cap(tmp_path: Path, eng
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     if engine == "numpy":
         env["LAYERWATCH_NO_NUMBA"] = "1"
+    env["LAYERWATCH_PREFETCH"] = "1" if engine.endswith("ahead") else "0"
+    kind = engine.split(",")[0]
     out = subprocess.run(
-        [sys.executable, "-c", CAPPED, str(g_path), str(t_path), str(n), "64", engine],
+        [sys.executable, "-c", CAPPED, str(g_path), str(t_path), str(n), "64", kind],
         capture_output=True,
         text=True,
         env=env,
@@ -244,8 +250,9 @@ def test_large_pair_compares_under_a_fixed_address_space_cap(tmp_path: Path, eng
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "UNCAPPED" not in out.stdout
-    verdict, cos, max_abs, kernel = out.stdout.split()
-    assert kernel == str(engine == "kernel")
+    verdict, cos, max_abs, kernel, ahead = out.stdout.split()
+    assert kernel == str(kind == "kernel")
+    assert ahead == str(engine.endswith("ahead"))
     assert verdict == "pass"
     assert 0.9999999 < float(cos) < 1.0
     assert float(max_abs) == pytest.approx(1e-3, rel=1e-3)

@@ -10,6 +10,7 @@ relative to the norms, not to the small difference.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import subprocess
 import sys
@@ -224,8 +225,9 @@ def test_cli_start_up_imports_no_compiler() -> None:
 
 
 def test_built_kernel_is_reused_without_numba(tmp_path) -> None:
-    """A cold cache builds the entry point once; the next process loads the object code and
-    measures without importing numba."""
+    """A cold cache builds the entry point once; the next process loads it and measures
+    without importing numba — and, where the system linker is there, without llvmlite either
+    (the linked library, loaded by ctypes)."""
     code = (
         "import sys, numpy as np;"
         "from layerwatch.engine.numerics import fused;"
@@ -234,7 +236,7 @@ def test_built_kernel_is_reused_without_numba(tmp_path) -> None:
         "acc = MetricAccumulator(1e-3);"
         "acc.update(np.arange(5.0, dtype=np.float32), np.arange(5.0, dtype=np.float32) + 1);"
         "assert acc._totals is not None, 'numpy path';"
-        "print(acc.result()['max_absolute_error'], 'numba' in sys.modules)"
+        "print(acc.result()['max_absolute_error'], 'numba' in sys.modules, 'llvmlite' in sys.modules)"
     )
     env = {"LAYERWATCH_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     runs = [
@@ -243,9 +245,46 @@ def test_built_kernel_is_reused_without_numba(tmp_path) -> None:
     ]
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
-    assert runs[0].stdout.split() == ["1.0", "True"]  # built here
-    assert runs[1].stdout.split() == ["1.0", "False"]  # loaded from the cache
+    linked = fused.can_link()
+    assert runs[0].stdout.split() == ["1.0", "True", "True"]  # built here
+    assert runs[1].stdout.split() == ["1.0", "False", str(not linked)]  # loaded from the cache
     assert len(list(tmp_path.glob("fused-float32-float32-*.o"))) == 1
+    assert len(list(tmp_path.glob("fused-float32-float32-*.so"))) == int(linked)
+
+
+@pytest.mark.skipif(not fused.can_link(), reason="no system linker: object code only")
+@pytest.mark.parametrize(
+    "dtypes", [("float32", "uint16"), ("float16", "float16"), ("int32", "int32")]
+)
+def test_linked_library_measures_like_the_object_code(monkeypatch, tmp_path, dtypes) -> None:
+    """The shared library (position-independent code of the same optimised module) and the
+    object code llvmlite loads give the very same totals, bit for bit, NaN/Inf blocks included."""
+    monkeypatch.setenv("LAYERWATCH_CACHE_DIR", str(tmp_path))
+    g, t = _close(np.float32, n=N * 3)
+    g[[11, 5000]] = np.nan
+    t[[11, 7]] = -np.inf
+    if dtypes[1] == "uint16":
+        g_op, t_op, kinds = g, (t.view(np.uint32) >> 16).astype(np.uint16), (0, fused.KIND_BF16)
+    elif dtypes[0] == "float16":
+        g_op, t_op = g.astype(np.float16).view(np.uint16), t.astype(np.float16).view(np.uint16)
+        kinds = (fused.KIND_FP16, fused.KIND_FP16)
+    else:
+        g_op = np.nan_to_num(g * 100, posinf=0, neginf=0).astype(np.int32)
+        t_op = np.nan_to_num(t, posinf=0, neginf=0).astype(np.int32)
+        kinds = (0, 0)
+    totals = []
+    for how in ("built", "library", "object code"):  # a cold cache, then each kept form
+        if how == "object code":
+            for so in tmp_path.glob("*.so"):
+                so.unlink()
+        kernel = fused.Kernel()
+        sums = fused.new_totals()
+        assert kernel(g_op, t_op, kinds, FLOOR, False, True, sums)
+        totals.append((sums.f.tobytes(), sums.k.tobytes()))
+        loaded_library = any(isinstance(e, ctypes.CDLL) for e in kernel._engines)
+        assert loaded_library == (how == "library"), how
+    assert totals[0] == totals[2]
+    assert totals[0] == totals[1]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32"])

@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from layerwatch.engine.numerics.compare import compare_pair, compare_pairs
 from layerwatch.engine.numerics.metrics import MetricAccumulator
-from layerwatch.engine.numerics.segments import SMALL, small_metrics
+from layerwatch.engine.numerics.segments import BATCH, SMALL, small_metrics
 from layerwatch.engine.numerics.thresholds import Thresholds
+from layerwatch.engine.readers.load import HELD, load_flat
+from layerwatch.engine.readers.pth import pth_locator
 from layerwatch.engine.records import COSINE, NORM_REL, Locator, TensorKey, TensorRecord, Verdict
 
 FLOOR = 2.0**-10
@@ -106,3 +108,70 @@ def test_compare_pairs_on_files_equals_compare_pair_one_at_a_time(tmp_path: Path
         assert got.golden is g and got.target is t
     assert batched[3].verdict is Verdict.ERROR and "truncated" in batched[3].reason
     assert {r.verdict for i, r in enumerate(batched) if i not in (2, 3)} >= {Verdict.PASS}
+
+
+def _pth_record(path: Path, tensor: object, node: str) -> TensorRecord:
+    import torch
+
+    torch.save(tensor, path)
+    loc = pth_locator(path)
+    return TensorRecord(TensorKey(0, node, "output"), loc.dtype, loc.shape, loc)
+
+
+def test_batched_pth_pairs_equal_each_pair_alone_and_the_reference(tmp_path: Path) -> None:
+    """msit-style .pth pairs of every kind in one ``compare_pairs`` call — several batches of
+    :data:`BATCH` elements, their payloads sliced from the bytes their header read kept —
+    give each pair exactly what it gets alone (read from disk), and the streaming reference's
+    metrics to float64 rounding."""
+    import torch
+
+    torch.manual_seed(5)
+    nonfinite = torch.randn(64)
+    nonfinite[[3, 9]] = torch.tensor([float("nan"), float("inf")])
+    sides = [  # (golden, target)
+        (torch.randn(256), torch.randn(256).bfloat16()),
+        (torch.randn(4, 16).half(), torch.randn(4, 16)),
+        (torch.zeros(100), torch.zeros(100)),
+        (torch.zeros(100), torch.randn(100)),
+        (nonfinite, nonfinite.bfloat16()),
+        (nonfinite, torch.where(nonfinite.isnan(), 0.0, nonfinite)),
+        (torch.zeros(0), torch.zeros(0)),
+        (torch.arange(50), torch.arange(50) + 1),  # ints and bools: the regular path
+        (torch.rand(30) > 0.5, torch.rand(30) > 0.5),
+        (torch.full((8,), 3e38), torch.full((8,), 3e38).bfloat16()),
+        *((torch.randn(n), torch.randn(n).half()) for n in (SMALL, SMALL - 1, 40_000, 1, 3)),
+    ]
+    sides += [(torch.randn(n), torch.randn(n).bfloat16()) for n in range(1000, 30_000, 997)]
+    assert sum(g.numel() for g, _ in sides) > 3 * BATCH  # several batches
+    HELD.clear()
+    items = [
+        (
+            _pth_record(tmp_path / f"g{i}.pth", g, f"n{i}"),
+            _pth_record(tmp_path / f"t{i}.pth", t, f"n{i}"),
+            False,
+        )
+        for i, (g, t) in enumerate(sides)
+    ]
+    paths = [r.loc.path for g, t, _ in items for r in (g, t) if r.loc is not None]
+    small = {p for p in paths if Path(p).stat().st_size <= HELD.BIGGEST}
+    assert set(HELD.files) == small and len(small) > len(items)
+    batched = compare_pairs(items, TH)
+    regular = {r.loc.path for g, t, _ in items[6:9] for r in (g, t) if r.loc is not None}
+    assert set(HELD.files) == regular  # empty, int, bool: the regular path; the rest sliced
+    HELD.clear()
+    for (g, t, _), got in zip(items, batched, strict=True):
+        want = compare_pair(g, t, TH)  # alone, from disk
+        assert (got.verdict, got.failed, got.reason) == (want.verdict, want.failed, want.reason)
+        assert _same(got.metrics, want.metrics), (g.key.node, got.metrics, want.metrics)
+        if g.dtype in ("int64", "bool") or not g.shape[0]:
+            continue
+        acc = MetricAccumulator(TH.floor(g.dtype, t.dtype))
+        acc.update(load_flat(g.loc), load_flat(t.loc))  # type: ignore[arg-type]
+        for name, value in acc.result().items():
+            tol = {"abs_tol": 1e-12} if name in (COSINE, NORM_REL) else {"rel_tol": 1e-12}
+            have = got.metrics[name]
+            assert (
+                have == value
+                or math.isclose(have, value, **tol)
+                or (math.isnan(have) and math.isnan(value))
+            ), (g.key.node, name, have, value)
