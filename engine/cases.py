@@ -69,9 +69,9 @@ def dumps_have_cases(golden: str, target: str) -> bool:
 
     for path, side in ((golden, "golden"), (target, "target")):
         reader = open_dump(path, side=side)
-        scan = getattr(reader, "scan_index", None)
-        if scan is not None and scan().cases == 0:
-            continue  # counted without parsing: no case line, so no need to hold every record
+        lines = getattr(reader, "has_case_lines", None)
+        if lines is not None and not lines():
+            continue  # found by the index's bytes: no case line, no need to hold every record
         if has_cases(reader.poll(None, final=True)):
             return True
     return False
@@ -99,6 +99,10 @@ def slice_update(update: ReaderUpdate, span: CaseSpan) -> ReaderUpdate:
         complete=update.complete,
         weights=dict(update.weights),
     )
+
+
+Slicer = Callable[[str, CaseSpan], ReaderUpdate]
+"""(side, case) → that case's update, tokens renumbered from 0 (:func:`slice_update`'s result)."""
 
 
 def pair_cases(
@@ -142,11 +146,12 @@ def compare_cases(
     each case keeps its results (the TUI's cases list opens them)."""
     whole = {side: spans(u.case_marks) or [CaseSpan("0", 0, None)] for side, u in updates.items()}
     out = []
+    slicer: Slicer = lambda side, span: slice_update(updates[side], span)  # noqa: E731
     for key, gc, tc in pair_cases(whole["golden"], whole["target"]):
         if gc is None or tc is None:
             out.append(CaseResult(key, "unpaired"))
         else:
-            out.append(_compare_case(key, gc, tc, updates, make_session))
+            out.append(_compare_case(key, gc, tc, slicer, make_session))
     return out
 
 
@@ -192,14 +197,20 @@ def stream_cases(
     *,
     output: str | None,
     as_json: bool,
+    slicer: Slicer | None = None,
 ) -> int:
     """Report file, stdout and exit code of a per-case comparison (0 clean, 1 a failing case),
     each case's rows written as the case is judged and then dropped: a headless compare of many
     cases holds one case's results at a time, not every row of every case (``-o``'s CSV/JSONL
-    rows go straight to the file; JSON's, which follow the totals, wait in a temporary file)."""
+    rows go straight to the file; JSON's, which follow the totals, wait in a temporary file).
+    ``slicer``: reads a case's records when its turn comes (``updates`` then hold only the case
+    lines, token ids, topology and weights: engine/runner.py ``_case_tables``)."""
     kind = report_format(output) if output else ""
+    slicer = slicer or (lambda side, span: slice_update(updates[side], span))
     try:
-        return _stream_cases(updates, make_session, out, output=output, kind=kind, as_json=as_json)
+        return _stream_cases(
+            updates, make_session, out, output=output, kind=kind, as_json=as_json, slicer=slicer
+        )
     except OSError as exc:
         raise LayerwatchError(f"{output}: cannot write the report: {exc.strerror}") from None
 
@@ -212,6 +223,7 @@ def _stream_cases(
     output: str | None,
     kind: str,
     as_json: bool,
+    slicer: Slicer,
 ) -> int:
     whole = {side: spans(u.case_marks) or [CaseSpan("0", 0, None)] for side, u in updates.items()}
     cases: list[CaseResult] = []
@@ -231,7 +243,7 @@ def _stream_cases(
             if gc is None or tc is None:
                 cases.append(CaseResult(key, "unpaired"))
                 continue
-            case = _compare_case(key, gc, tc, updates, make_session)
+            case = _compare_case(key, gc, tc, slicer, make_session)
             for result in case.results:
                 row = {"case": key, **json_row(result)}
                 if writer is not None:
@@ -278,14 +290,14 @@ def _compare_case(
     key: str,
     gc: CaseSpan,
     tc: CaseSpan,
-    updates: dict[str, ReaderUpdate],
+    slicer: Slicer,
     make_session: Callable[[], Any],
 ) -> CaseResult:
     """One paired case in a session of its own: its verdict, report head and results."""
     session = make_session()
     try:
-        session.add_update("golden", slice_update(updates["golden"], gc))
-        session.add_update("target", slice_update(updates["target"], tc))
+        session.add_update("golden", slicer("golden", gc))
+        session.add_update("target", slicer("target", tc))
         for side in ("golden", "target"):
             session.finish(side)
         session.flush()

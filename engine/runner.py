@@ -131,6 +131,15 @@ def compare_main(args: argparse.Namespace) -> int:
     if chunked is not None:
         plan = check(chunked[0], limit_bytes, spill_dir(output))
         return _compare_windowed(args, chunked[1], make_session, keep, progress, empty, plan.spill)
+    cased = _case_tables(readers, args, keep)
+    if cased is not None:  # several prompts: a case's records read when its turn comes
+        from layerwatch.engine.cases import stream_cases
+
+        progress.clear()
+        heads, slicer = cased
+        return stream_cases(
+            heads, make_session, sys.stdout, output=output, as_json=as_json, slicer=slicer
+        )
     session = make_session()
     try:
         # Parsed here, one after the other: a second process parsing one dump in parallel saved
@@ -158,11 +167,10 @@ def _chunked(
 ) -> tuple[Estimate, dict[str, Any]] | None:
     """Both dumps can be compared a window of tokens at a time: (the estimate of that compare's
     size, a chunk reader per side). layerwatch indexes are read a chunk at a time, msit and ATB
-    a token directory at a time, msprobe whole (its ``dump.json`` numbers calls over a whole
-    step) and then windowed (engine/session/windowed.py). None: the whole-run path (a
-    layerwatch dump with cases or dropped files needs every record at once; other formats)."""
+    a token directory at a time, msprobe a token of its ``dump.json`` streams at a time
+    (engine/session/windowed.py). None: the whole-run path (a layerwatch dump with cases or
+    dropped files needs every record at once; other formats)."""
     from layerwatch.engine.session.budget import Estimate
-    from layerwatch.engine.session.windowed import WholeDump
 
     # By format name, not class: importing every reader would undo open_dump's per-format imports.
     if not all(r.fmt in ("layerwatch", "msit", "atb", "msprobe") for r in readers.values()):
@@ -171,23 +179,52 @@ def _chunked(
     for side, reader in readers.items():
         if reader.fmt == "layerwatch":
             scan = reader.scan_index()
-            if scan.cases or scan.drops:
-                return None
+            if scan.cases or (scan.drops and any(r.fmt != "layerwatch" for r in readers.values())):
+                return None  # a drop line is known up front only from the index's columns
             sizes[side] = (scan.tensors, scan.tokens)
         elif reader.fmt in ("msit", "atb"):
             sizes[side] = reader.count_tensors()
-    sources: dict[str, Any] = dict(readers)
-    for side, reader in readers.items():  # read whole last: a refusal above leaves it unread
-        if reader.fmt == "msprobe":
-            update = reader.poll(None, final=True)
-            sizes[side] = (len(update.tensors), len({r.key.token for r in update.tensors}))
-            sources[side] = WholeDump(update)
+        elif side == "golden":  # msprobe: its first token counted, scaled by its files' size
+            sizes[side] = reader.estimate()
     n, count = sizes["golden"]
     share = 1.0
     if tokens is not None and count:
         share = sum(t in tokens for t in range(count)) / count
-    held = any(isinstance(s, WholeDump) for s in sources.values())
-    return Estimate(int(n * share), count or 1, windowed=True, held=held), sources
+    return Estimate(int(n * share), count or 1, windowed=True), dict(readers)
+
+
+def _case_tables(
+    readers: dict[str, Any], args: argparse.Namespace, keep: Callable[[ReaderUpdate], ReaderUpdate]
+) -> tuple[dict[str, ReaderUpdate], Callable[[Any, Any], ReaderUpdate]] | None:
+    """Two finished layerwatch dumps with cases, each opened as columns (engine/readers/
+    index_columns.py: 24 B a tensor line, no record): (each side's case lines, token ids,
+    topology and weights; what builds one case's records, ``keep`` applied, tokens renumbered
+    as engine/cases.py ``slice_update`` does). None: the whole read (another format, a single
+    case, a tensor-parallel target whose golden is spread over its ranks)."""
+    from layerwatch.engine.cases import has_cases, slice_update
+    from layerwatch.engine.readers.base import ReaderUpdate
+    from layerwatch.engine.session.ranks import world_size
+
+    if any(r.fmt != "layerwatch" for r in readers.values()) or (world_size(args.target) or 1) > 1:
+        return None
+    tables = {side: reader.open_columns().compact() for side, reader in readers.items()}
+    if not has_cases(*(t.head for t in tables.values())):
+        return None
+
+    def slicer(side: str, span: Any) -> ReaderUpdate:
+        head = tables[side].head
+        high = span.end - 1 if span.end is not None else 1 << 62
+        tensors, _ = tables[side].records(span.begin, high)  # notes: a case keeps none
+        update = ReaderUpdate(
+            tensors=tensors,
+            topology=head.topology,
+            token_ids=head.token_ids,
+            complete=head.complete,
+            weights=head.weights,
+        )
+        return slice_update(keep(update), span)
+
+    return {side: t.head for side, t in tables.items()}, slicer
 
 
 def _compare_windowed(

@@ -159,7 +159,12 @@ class LiveSide:
         if self.child is None:
             self._state = "attached"
         self._last_new = time.monotonic()
-        if not self.spec.watch and self.child is None and hasattr(self.reader, "poll_chunk"):
+        if (
+            not self.spec.watch
+            and self.child is None
+            and hasattr(self.reader, "poll_chunk")
+            and getattr(self.reader, "live_chunks", True)
+        ):
             self.chunked = True
             return self._next_chunk()
         return self._poll(None)

@@ -159,6 +159,22 @@ class LayerwatchReader(DirectoryReader):
         self._opened = self.open_columns()
         return self._opened.scan
 
+    def has_case_lines(self) -> bool:
+        """Whether any rank's index has a case line, found by its bytes (``open`` asks before
+        its live session reads the index: opening the columns to count would scan it twice)."""
+        mark = b'"k":"case'
+        for state in self._discover():
+            try:
+                with open(state.path / lwf.INDEX, "rb") as fh:
+                    tail = b""
+                    while block := fh.read(8 << 20):
+                        if mark in tail + block[: len(mark) - 1] or mark in block:
+                            return True
+                        tail = block[-(len(mark) - 1) :]
+            except OSError:
+                continue
+        return False
+
     def open_columns(self) -> IndexTable:
         """Every rank's finished index as columns (``index_columns.py``): token, node and stem
         of each tensor line and where the line is, scanned without decoding it; the other lines

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,17 +24,18 @@ from typing import Any
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.readers.base import RankIndex, ReaderUpdate, scandir, skipped_note
 from layerwatch.engine.readers.load import canonical_dtype, load_array
+from layerwatch.engine.readers.msprobe_tokens import RankCalls, assign_tokens, module_parts
 from layerwatch.engine.readers.pth import PthIncomplete, pth_locator
 from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
 DUMP = "dump.json"
 CONSTRUCT = "construct.json"
 DATA_DIR = "dump_tensor_data"
-_MODULE = re.compile(r"^Module\.(?:(.+)\.)?([^.]+)\.forward\.(\d+)$")
 _API = re.compile(r"^(.+)\.(\d+)\.forward$")
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(rank|proc)(\d+)$")
 _INTS = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64")
+NO_MODULES = "no module entries (level L1?): every call is put in token 0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +72,41 @@ class _RankState:
     pending: set[TensorKey] = field(default_factory=set)
 
 
+@dataclass(slots=True)
+class _Walk:
+    """Where one rank's read stands: the step's token offset, the token being read, its API
+    counters and completion order, the tensors already taken."""
+
+    state: _RankState
+    offset: int
+    data_dir: Callable[[], Path | None]
+    """msprobe's ``dump_data_dir`` (where payloads are when not beside dump.json)."""
+    keys: set[TensorKey]
+    per_token: bool = False
+    """``keys`` hold one token's (a stream never sees a token again)."""
+    token: int = -1
+    counters: dict[tuple[int, str, str], int] = field(default_factory=dict)
+    order: int = -1
+
+
+@dataclass(slots=True)
+class _Streams:
+    """``poll_chunk``'s place: the steps still to read, the open step's ranks as streams."""
+
+    steps: list[Path]
+    ranks: list[tuple[RankCalls, _Walk]] = field(default_factory=list)
+    offset: int = 0
+    local: int = 0
+    topology: Topology = field(default_factory=lambda: Topology(root="root"))
+
+
 class MsprobeReader:
     """Reads msprobe PyTorch dumps (tensor or statistics)."""
 
     fmt = "msprobe"
+    live_chunks = False
+    """``poll_chunk`` is ``compare``'s alone: it keeps no key of the tokens it handed out, so
+    the live session (engine/live/side.py) reads msprobe dumps with ``poll``."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -92,16 +124,14 @@ class MsprobeReader:
         self._topology_nodes: set[str] = set()
         self._gone_noted = False
         self._notes: set[str] = set()
+        self._streams: _Streams | None = None
 
     def watch_roots(self) -> list[Path]:
         return [self.root if self.root.is_dir() else self.root.parent]
 
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
-        if not self.root.exists():
-            if not self._gone_noted:
-                update.notes.append(f"{self.root}: dump directory disappeared")
-                self._gone_noted = True
+        if self._gone(update):
             return update
         steps = self._steps()
         wanted: set[Path] | None = None
@@ -154,6 +184,99 @@ class MsprobeReader:
         dirs = [Path(e.path) for e in scandir(step) if e.is_dir() and _RANK.match(e.name)]
         return sorted(dirs, key=lambda p: (p.name[:4], int(_RANK.match(p.name).group(2))))  # type: ignore[union-attr]
 
+    # --- compare's windows: a token of every rank at a time --------------------------------
+    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
+        """The next token of every rank of the step being read, each ``dump.json`` parsed as a
+        stream (engine/readers/msprobe_tokens.py): ``compare`` holds a window's records, not a
+        step's (engine/session/windowed.py). None after the last. ``limit`` is not used: a
+        token is the unit. Cut or corrupt JSON is a :class:`LayerwatchError` where it is met."""
+        if self._streams is None:
+            update = ReaderUpdate()
+            self._streams = _Streams([] if self._gone(update) else self._steps())
+            if update.notes:
+                return update
+        at = self._streams
+        while True:
+            if not at.ranks and not self._open_step(at):
+                return None
+            update = ReaderUpdate()
+            added = False
+            for calls, walk in at.ranks:
+                if calls.peek() != at.local:
+                    continue
+                got = calls.next_token()
+                assert got is not None
+                if at.local == 0 and calls.done and calls.splitter.modules == 0:
+                    self._note(f"{walk.state.path}: {NO_MODULES}", update)
+                for (name, value, parent), _ in got[1]:
+                    added |= self._entry(
+                        walk, at.local, name, value, parent, update, at.topology, True
+                    )
+            at.local += 1
+            if all(calls.peek() is None for calls, _ in at.ranks):
+                self._close_step(at, update)
+            if added:
+                update.topology = at.topology
+            if update.tensors or update.notes or update.token_ids or update.topology:
+                return update
+
+    def _gone(self, update: ReaderUpdate) -> bool:
+        """``True`` when the dump directory is gone (with a note the first time)."""
+        if self.root.exists():
+            return False
+        if not self._gone_noted:
+            update.notes.append(f"{self.root}: dump directory disappeared")
+            self._gone_noted = True
+        return True
+
+    def _open_step(self, at: _Streams) -> bool:
+        """Streams over the next step's ranks; False when no step is left."""
+        while at.steps and not at.ranks:
+            step = at.steps.pop(0)
+            at.local = 0
+            for rank_dir in self._rank_dirs(step):
+                if not (rank_dir / DUMP).is_file():
+                    continue  # as when read whole: a rank without its file is not there
+                self._index.assign([rank_dir.name])
+                state = _RankState(rank_dir, _rank_number(rank_dir.name, self._index))
+                calls = RankCalls(rank_dir, DUMP, CONSTRUCT)
+                walk = _Walk(state, at.offset, _late_data_dir(calls), set(), per_token=True)
+                at.ranks.append((calls, walk))
+        return bool(at.ranks)
+
+    def _close_step(self, at: _Streams, update: ReaderUpdate) -> None:
+        """Every rank of the step read: the next step's tokens come after its last."""
+        for calls, _ in at.ranks:
+            if not calls.has_data:
+                self._note(skipped_note(calls.path), update)
+        at.offset += max((calls.splitter.tokens for calls, _ in at.ranks), default=0)
+        at.ranks = []
+
+    def estimate(self) -> tuple[int, int]:
+        """(tensors, tokens) of the dump without reading it: the first rank's first token
+        counted, scaled by the size of every ``dump.json`` (``compare``'s memory check)."""
+        steps = [
+            [r / DUMP for r in self._rank_dirs(s) if (r / DUMP).is_file()] for s in self._steps()
+        ]
+        sizes = [[f.stat().st_size for f in files] for files in steps]
+        first = next((files[0] for files in steps if files), None)
+        if first is None:
+            return 0, 0
+        calls = RankCalls(first.parent, DUMP, CONSTRUCT)
+        got = calls.next_token()
+        if got is None:
+            return 0, 0
+        counters: dict[tuple[int, str, str], int] = {}
+        tensors = sum(
+            len(_leaves(value))
+            for (name, value, parent), _ in got[1]
+            if _node_name(name, parent, counters, 0)[0] is not None
+        )
+        per_token = max(1, got[1][-1][1])
+        scale = sum(map(sum, sizes)) / per_token
+        tokens = sum(max(s, default=0) for s in sizes) / per_token
+        return round(tensors * scale), max(1, round(tokens))
+
     # --- one rank of one step -------------------------------------------------------------
     def _read_rank(
         self,
@@ -187,72 +310,84 @@ class MsprobeReader:
             construct = {}
         state.sig = sig
         entries = [(name, value) for name, value in data.items() if isinstance(value, dict)]
-        tokens, n_tokens, settled = _assign_tokens(entries, construct or {})
+        tokens, n_tokens, settled = assign_tokens(entries, construct or {})
         if not full:
             entries = entries[:settled]
-        if entries and not any(_module_parts(name) for name, _ in entries):
-            note = f"{state.path}: no module entries (level L1?): every call is put in token 0"
-            if note not in self._notes:
-                self._notes.add(note)
-                update.notes.append(note)
+        if entries and not any(module_parts(name) for name, _ in entries):
+            self._note(f"{state.path}: {NO_MODULES}", update)
         added = False
-        counters: dict[tuple[int, str, str], int] = {}
-        order: dict[int, int] = {}
+        data_dir = _data_dir(dump.get("dump_data_dir"))
+        walk = _Walk(state, offset, lambda: data_dir, self._keys)
         state.pending.clear()
-        data_dir = Path(str(dump.get("dump_data_dir") or "")) if dump.get("dump_data_dir") else None
-        local_data = state.path / DATA_DIR
         for i, (name, value) in enumerate(entries):
-            token = tokens[i] + offset
-            node, node_type, parent = _node_name(name, construct, counters, tokens[i])
-            if node is None:
-                continue
-            if node not in self._topology_nodes:
-                added = True
-            self._topology_nodes.add(node)
-            exec_order = order[token] = order.get(token, -1) + 1
-            topo.add(node, node_type, parent, exec_order if token == 0 else -1)
-            for stem, leaf in _leaves(value):
-                self._leaf(
-                    state,
-                    token,
-                    node,
-                    node_type,
-                    stem,
-                    leaf,
-                    exec_order,
-                    local_data,
-                    data_dir,
-                    update,
-                    final,
-                )
-            for pname, leaf in (value.get("parameters") or {}).items():
-                wname = f"{node}.{pname}"
-                if (
-                    wname in self._weights
-                    or not isinstance(leaf, dict)
-                    or not leaf.get("data_name")
-                ):
-                    continue
-                try:
-                    update.weights[wname] = pth_locator(local_data / str(leaf["data_name"]))
-                    self._weights.add(wname)
-                except LayerwatchError:
-                    continue
+            parent = construct.get(name) if construct else None
+            added |= self._entry(walk, tokens[i], name, value, parent, update, topo, final)
         return n_tokens, added
+
+    def _note(self, note: str, update: ReaderUpdate) -> None:
+        """A note of the dump, once."""
+        if note not in self._notes:
+            self._notes.add(note)
+            update.notes.append(note)
+
+    def _entry(
+        self,
+        walk: _Walk,
+        local: int,
+        name: str,
+        value: dict,
+        parent: Any,
+        update: ReaderUpdate,
+        topo: Topology,
+        final: bool,
+    ) -> bool:
+        """One call of a rank (``local``: its token in the step): its node in ``topo``, its
+        tensors and weights into ``update``; True when the node is new."""
+        state = walk.state
+        token = local + walk.offset
+        if token != walk.token:  # counters and completion order start again each token
+            walk.token = token
+            walk.counters.clear()
+            walk.order = -1
+            if walk.per_token:
+                walk.keys.clear()
+        node, node_type, parent_node = _node_name(name, parent, walk.counters, local)
+        if node is None:
+            return False
+        added = node not in self._topology_nodes
+        self._topology_nodes.add(node)
+        walk.order += 1
+        topo.add(node, node_type, parent_node, walk.order if token == 0 else -1)
+        local_data = state.path / DATA_DIR
+        for stem, leaf in _leaves(value):
+            self._leaf(
+                state, token, node, node_type, stem, leaf, walk.order, local_data, walk.data_dir,
+                update, walk.keys, final,
+            )  # fmt: skip
+        for pname, leaf in (value.get("parameters") or {}).items():
+            wname = f"{node}.{pname}"
+            if wname in self._weights or not isinstance(leaf, dict) or not leaf.get("data_name"):
+                continue
+            try:
+                update.weights[wname] = pth_locator(local_data / str(leaf["data_name"]))
+                self._weights.add(wname)
+            except LayerwatchError:
+                continue
+        return added
 
     def _leaf(
         self, state: _RankState, token: int, node: str, node_type: str, stem: str, leaf: dict,
-        order: int, local_data: Path, data_dir: Path | None, update: ReaderUpdate,
-        final: bool = False,
+        order: int, local_data: Path, data_dir: Callable[[], Path | None], update: ReaderUpdate,
+        keys: set[TensorKey], final: bool = False,
     ) -> None:  # fmt: skip
         key = TensorKey(token, node, stem, state.rank)
-        if key in self._keys:
+        if key in keys:
             return
         try:
             dtype = canonical_dtype(str(leaf.get("dtype", "float32")))
         except LayerwatchError as exc:
             update.notes.append(f"{state.path}: {node} {stem}: {exc}")
-            self._keys.add(key)
+            keys.add(key)
             return
         shape = tuple(int(d) for d in leaf.get("shape") or ())
         stats = Stats(
@@ -266,23 +401,23 @@ class MsprobeReader:
         data_name = leaf.get("data_name")
         if data_name and data_name != "-1":
             file = local_data / str(data_name)
-            if not file.exists() and data_dir is not None:
-                file = data_dir / str(data_name)
+            if not file.exists() and (elsewhere := data_dir()) is not None:
+                file = elsewhere / str(data_name)
             try:
                 loc = pth_locator(file)
                 source = str(file)
             except PthIncomplete:
                 if final:  # the writer finished: it will never be whole
                     update.notes.append(skipped_note(file))
-                    self._keys.add(key)
+                    keys.add(key)
                     return
                 state.pending.add(key)
                 return
             except LayerwatchError as exc:
                 update.notes.append(str(exc))
-                self._keys.add(key)
+                keys.add(key)
                 return
-        self._keys.add(key)
+        keys.add(key)
         update.tensors.append(TensorRecord(key, dtype, shape, loc, stats, order, node_type, source))
         if (
             (state.rank, token) not in self._ids
@@ -295,6 +430,16 @@ class MsprobeReader:
                 self._ids.add((state.rank, token))
             except LayerwatchError:
                 pass
+
+
+def _late_data_dir(calls: RankCalls) -> Callable[[], Path | None]:
+    """msprobe's ``dump_data_dir`` of a streamed rank, looked up when a payload is not beside
+    dump.json (msprobe writes it before ``data``; read to the end for it otherwise)."""
+    return lambda: _data_dir(calls.late_head("dump_data_dir"))
+
+
+def _data_dir(value: Any) -> Path | None:
+    return Path(str(value)) if value else None
 
 
 def _rank_number(name: str, index: RankIndex) -> int:
@@ -312,68 +457,16 @@ def _num(value: Any) -> float:
         return float("nan")
 
 
-def _module_parts(name: str) -> tuple[str, str] | None:
-    """``Module.model.layers.0.mlp.LlamaMLP.forward.3`` → (``model.layers.0.mlp``, ``LlamaMLP``)."""
-    match = _MODULE.match(name)
-    if match is None:
-        return None
-    return match.group(1) or "", match.group(2)
-
-
-def _assign_tokens(entries: list[tuple[str, dict]], construct: dict) -> tuple[list[int], int, int]:
-    """Token per entry, the number of tokens, and how many leading entries have a final token.
-
-    The closing module is the top-level module that finishes last in a forward (the one just
-    before a top-level module repeats). Top-level APIs right after a token closes (generate's
-    argmax, stopping checks) stay with that token; the next entry inside a module opens the next.
-    An entry's token depends only on the entries before it, so it never changes as the dump grows,
-    once the closing module is known.
-    """
-    paths = {name: parts[0] for name, _ in entries if (parts := _module_parts(name)) is not None}
-    known = set(paths.values())
-    top: list[tuple[int, str]] = []
-    for i, (name, _) in enumerate(entries):
-        if name in paths:
-            if construct:
-                is_top = construct.get(name) is None
-            else:
-                is_top = not any(paths[name].startswith(p + ".") for p in known if p != paths[name])
-            if is_top:
-                top.append((i, paths[name]))
-    closing: str | None = None
-    seen: set[str] = set()
-    for k, (_i, path) in enumerate(top):
-        if path in seen:
-            closing = top[k - 1][1]
-            break
-        seen.add(path)
-    settled = len(entries) if closing is not None else (top[-1][0] + 1 if top else 0)
-    if closing is None and top:
-        closing = top[-1][1]
-    bounds = {i for i, path in top if path == closing}
-    tokens: list[int] = []
-    t, in_gap = 0, False
-    for i, (name, _) in enumerate(entries):
-        top_level_api = name not in paths and construct.get(name) is None
-        if in_gap and not top_level_api:
-            in_gap = False
-        tokens.append(t - 1 if in_gap else t)
-        if i in bounds:
-            t += 1
-            in_gap = True
-    return tokens, max(len(bounds), 1 if entries else 0), settled
-
-
 def _node_name(
-    name: str, construct: dict, counters: dict[tuple[int, str, str], int], token: int
+    name: str, parent: Any, counters: dict[tuple[int, str, str], int], token: int
 ) -> tuple[str | None, str, str | None]:
-    """(node, node type, parent node) of a forward entry; ``None`` for backward/grad entries."""
-    parts = _module_parts(name)
+    """(node, node type, parent node) of a forward entry (``parent``: its construct.json
+    parent); ``None`` for backward/grad entries."""
+    parts = module_parts(name)
     if parts is not None:
         path, cls = parts
         node = f"root.{path}" if path else "root"
-        parent = construct.get(name)
-        parent_parts = _module_parts(parent) if isinstance(parent, str) else None
+        parent_parts = module_parts(parent) if isinstance(parent, str) else None
         parent_node = (
             ("root." + parent_parts[0] if parent_parts[0] else "root") if parent_parts else None
         )
@@ -384,8 +477,7 @@ def _node_name(
     if match is None:
         return None, "", None
     api = match.group(1)
-    parent = construct.get(name)
-    parent_parts = _module_parts(parent) if isinstance(parent, str) else None
+    parent_parts = module_parts(parent) if isinstance(parent, str) else None
     parent_node = (
         ("root." + parent_parts[0] if parent_parts[0] else "root") if parent_parts else "root"
     )

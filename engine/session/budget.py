@@ -38,9 +38,6 @@ SPILL_RAM = 64 << 20
 """A spilled store's chunks being filled and its read cache (engine/session/store.py: ~44 MB)."""
 DISK_BYTES = 256
 """A pair in the spill files (measured ~170: 104 B of row and its metric values)."""
-HELD_BYTES = 3_000
-"""A pair of a dump read whole before its windows (msprobe: both records, held until their
-window; measured ~2.4 KB, tests/engine/session/test_scale_formats.py)."""
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -92,20 +89,18 @@ class Estimate:
     windowed: bool
     spill: Path | None = None
     """Where the store's full chunks go (a windowed compare that would not fit in RAM)."""
-    held: bool = False
-    """The records were read whole and wait for their window (a pair costs ``HELD_BYTES`` more)."""
 
     @property
     def per_pair(self) -> int:
         if not self.windowed:
             return SESSION_BYTES
-        return STORE_BYTES + (HELD_BYTES if self.held else 0)
+        return STORE_BYTES
 
     @property
     def nbytes(self) -> int:
-        if self.spill is not None:  # held records stay in RAM however the store is kept
+        if self.spill is not None:
             fixed = self.tokens * TOKEN_BYTES + WINDOW_BYTES + SPILL_RAM
-            return self.pairs * (SPILLED_BYTES + (HELD_BYTES if self.held else 0)) + fixed
+            return self.pairs * SPILLED_BYTES + fixed
         return self.pairs * self.per_pair + (WINDOW_BYTES if self.windowed else 0)
 
     @property

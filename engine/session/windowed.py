@@ -20,8 +20,8 @@ Each window is a fresh session sharing one pairer (its weight match is computed 
 job runner (one process pool). Its rows go to the report stream as the window completes and its
 results into the :class:`~.store.ResultStore`; then the window's records and results are dropped.
 Readers hand records over a chunk at a time in token order (``poll_chunk``: a layerwatch index
-chunk, an msit or ATB token directory of every rank; :class:`WholeDump` for a format read
-whole). A token closes once every rank of both sides has read past it (:attr:`_Side.top`); a
+chunk, an msit or ATB token directory of every rank, a token of every msprobe ``dump.json``
+read as a stream). A token closes once every rank of both sides has read past it (:attr:`_Side.top`); a
 tensor of a token whose window already closed is compared in a later window and noted.
 ``prepare`` changes a window's updates before they are compared: the golden spread over a
 tensor-parallel target's ranks (engine/session/ranks.py), local to a token as well.
@@ -155,20 +155,6 @@ def windows(
             return
 
 
-class WholeDump:
-    """A chunk reader over a dump that is read whole (msprobe numbers its calls across a whole
-    step in one ``dump.json``, so no token can be read alone): its one update, then None. The
-    records stay until their window is compared; only one window's pairs and results live at a
-    time, and every judged pair goes to the store like a chunked dump's."""
-
-    def __init__(self, update: ReaderUpdate) -> None:
-        self._update: ReaderUpdate | None = update
-
-    def poll_chunk(self, limit: int) -> ReaderUpdate | None:
-        update, self._update = self._update, None
-        return update
-
-
 class WindowedRun:
     """What a finished windowed compare knows: the merged findings, counts and notes, and
     every pair in a :class:`ResultStore`. Quacks like the session for engine/outcome.py and
@@ -290,7 +276,7 @@ def compare_windows(
     ``prepare``: changes a window's golden and target updates in place before they are
     compared (the golden spread over a tensor-parallel target's ranks, engine/session/ranks.py)."""
     run = run if run is not None else WindowedRun()
-    first: CompareSession | None = None
+    shared: tuple[Any, Any] | None = None  # the first session's pairer and job runner
     done = 0
     tables = open_tables(readers)  # finished layerwatch dumps: records built a window at a time
     source = (
@@ -301,11 +287,10 @@ def compare_windows(
     try:
         for updates in source:
             session = make_session()
-            if first is None:
-                first = session
+            if shared is None:
+                shared = (session.pairer, session.runner)
             else:  # one weight match, one process pool for the whole run
-                session.pairer = first.pairer
-                session.runner = first.runner
+                session.pairer, session.runner = shared
             if prepare is not None:
                 prepare(updates["golden"], updates["target"])
             session.compare_finished(
@@ -315,9 +300,11 @@ def compare_windows(
             done += len(results)
             sink.add(results)
             run.take(session, results)
+            # Dropped before the next window is read: no window's records outlive it.
+            del session, results, updates
     finally:
-        if first is not None:
-            first.close()
+        if shared is not None:
+            shared[1].close()
     return run
 
 

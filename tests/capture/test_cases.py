@@ -184,3 +184,45 @@ def test_headless_open_of_per_case_dumps_prints_compares_summary_and_exit(tmp_pa
     assert opened.returncode == compared.returncode == 1
     assert opened.stdout == compared.stdout
     assert "case b: fail" in opened.stdout and "case a: pass" in opened.stdout
+
+
+def test_whether_dumps_have_cases_is_found_without_opening_the_index(tmp_path, monkeypatch):
+    """``open`` asks before its live session reads the index: the case lines are found by the
+    index's bytes (a mark cut by a read block too), no column table is built for it."""
+    from layerwatch.engine.cases import dumps_have_cases
+    from layerwatch.engine.readers import layerwatch as lw
+    from layerwatch.engine.readers import open_dump
+
+    _demo_cases(tmp_path / "c", None, ["a", "b"])
+    model = build_model(layers=2)
+    with register_hook(model, DumpConfig(dump_path=tmp_path / "p")):
+        generate(model, make_prompt(6, seed=1), 3)
+
+    def no_columns(self):
+        raise AssertionError("opened the index's columns")
+
+    monkeypatch.setattr(lw.LayerwatchReader, "open_columns", no_columns)
+    c, p = str(tmp_path / "c"), str(tmp_path / "p")
+    assert dumps_have_cases(c, c) and dumps_have_cases(p, c) and not dumps_have_cases(p, p)
+    index = next((tmp_path / "c").rglob("index.jsonl")).read_bytes()
+    cut = index.index(b'"k":"case') + 4
+    real_read = open  # every 8 MB block cut just inside the first case mark
+
+    class Cut:
+        def __init__(self, fh):
+            self.fh, self.first = fh, True
+
+        def read(self, n):
+            n, self.first = (cut if self.first else n), False
+            return self.fh.read(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    monkeypatch.setattr(
+        lw, "open", lambda path, mode="r", **kw: Cut(real_read(path, mode, **kw)), raising=False
+    )
+    assert open_dump(c).has_case_lines()

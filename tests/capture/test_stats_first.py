@@ -84,3 +84,22 @@ def test_bad_settings_are_one_line() -> None:
         DumpConfig(keep_tokens=0)
     with pytest.raises(LayerwatchError, match="needs the layerwatch format"):
         DumpConfig(keep_tokens=2, dump_statistics_mode=1)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+def test_compared_in_windows_the_report_is_the_whole_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    """Dropped data files are known from the index's columns before any window, so a
+    statistics-first dump is compared a window of tokens at a time (pairs of dropped payloads
+    judged by their statistics) and writes the report the whole read gives, byte for byte."""
+    from support.scale import whole_run_report, windowed_report
+
+    golden = _run(tmp_path / "g", KEEP, nan_at=None)
+    target = _run(tmp_path / "t", KEEP)
+    whole_run_report(golden, target, tmp_path / f"whole{suffix}")
+    code, windows = windowed_report(golden, target, tmp_path / f"windowed{suffix}", monkeypatch)
+    assert code == 1 and windows >= 2
+    assert (tmp_path / f"windowed{suffix}").read_bytes() == (
+        tmp_path / f"whole{suffix}"
+    ).read_bytes()
