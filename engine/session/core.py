@@ -42,6 +42,7 @@ from layerwatch.engine.session.cells import aggregate, merge_cells, rank_cells, 
 from layerwatch.engine.session.findings import part_of
 from layerwatch.engine.session.jobs import CompareFn, JobRunner, Work, rejudge
 from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
+from layerwatch.engine.session.settled import SettledTokens
 from layerwatch.engine.session.state import SIDES, SessionState
 
 if TYPE_CHECKING:
@@ -68,9 +69,12 @@ class CompareSession(SessionState):
         compare: CompareFn | None = None,
         side_stats: bool = False,
         compact: bool = False,
+        spill: str | Path | None = None,
     ) -> None:
         super().__init__()
         self.compact = compact
+        if spill is not None:  # settled pairs' full chunks go to a file there (store.py)
+            self.settled = SettledTokens(spill)
         if thresholds is None or isinstance(thresholds, str | Path):
             from layerwatch.engine.numerics.thresholds import Thresholds
 
@@ -314,7 +318,9 @@ class CompareSession(SessionState):
         """The current grid: (token, block) → cell, for every non-empty cell."""
         with self._lock:
             self._refresh_cells(emit=[])
-            return dict(self._emitted)
+            out = {cell: c for cell in self.settled.cells if (c := self.settled.cells.get(cell))}
+            out.update(self._emitted)
+            return out
 
     def rank_cells(self, rank: int | None) -> tuple[tuple[int, ...], list[CellUpdate]]:
         """(the ranks present, the grid as rank ``rank`` alone colours it; ``None``: the worst
@@ -532,18 +538,29 @@ class CompareSession(SessionState):
         for cell in sorted(self._dirty_cells):
             token, block = cell
             results, waiting = self._cell_contents(cell)
-            update = aggregate(token, block, results, waiting, cell == self._first_bad_cell)
-            update = merge_cells(self.settled.cells.get(cell), update)
-            previous = self._emitted.get(cell)
+            first_bad = cell == self._first_bad_cell
+            update = aggregate(token, block, results, waiting, first_bad)
+            settled = self.settled.cells.get(cell)
+            update = merge_cells(settled, update)
+            shown = self._emitted.get(cell, settled if self._table_shown else None)
             if update.pairs == 0 and not waiting:
-                if previous is not None:
-                    del self._emitted[cell]
+                if shown is not None:
+                    self._emitted.pop(cell, None)
                     emit.append(update)
                 continue
-            if not same_cell(previous, update):
-                self._emitted[cell] = update
+            if not same_cell(shown, update):
                 emit.append(update)
+            if (
+                settled is not None
+                and not first_bad
+                and cell not in self._members
+                and same_cell(settled, update)
+            ):
+                self._emitted.pop(cell, None)  # the settled table's row is what is shown
+            else:
+                self._emitted[cell] = update
         self._dirty_cells.clear()
+        self._table_shown = True
 
     def _cell_contents(self, cell: tuple[int, int]) -> tuple[list[PairResult], int]:
         results: list[PairResult] = []
