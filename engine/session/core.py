@@ -325,11 +325,15 @@ class CompareSession(SessionState):
     def rank_cells(self, rank: int | None) -> tuple[tuple[int, ...], list[CellUpdate]]:
         """(the ranks present, the grid as rank ``rank`` alone colours it; ``None``: the worst
         over all ranks, the usual grid): the TUI's rank selector for tensor-parallel dumps."""
-        results = self.results()
+        with self._lock:
+            present = self.settled.ranks()
+            present.update(p.gkey.rank for p in self._pairs.values() if p.eff is not None)
+            present.update(r.key.rank for r in self._unpaired_results())
         cells = self.cells()
-        ranks = tuple(sorted({r.key.rank for r in results}))
+        ranks = tuple(sorted(present))
         if rank is None:
             return ranks, list(cells.values())
+        results = (r for part in self.results_by_token() for r in part)  # a token at a time
         return ranks, rank_cells(results, rank, cells)
 
     def block_label(self, block: int) -> str:

@@ -26,7 +26,7 @@ from layerwatch.engine.records import PairResult, Stats, TensorKey
 from layerwatch.engine.seam import CellUpdate
 from layerwatch.engine.session.cell_table import CellTable
 from layerwatch.engine.session.cells import aggregate, is_failure
-from layerwatch.engine.session.store import ResultStore
+from layerwatch.engine.session.store import CHUNK, ResultStore
 
 EXTRA = np.dtype(
     [
@@ -150,6 +150,14 @@ class SettledTokens:
     def results(self, rows: Iterable[int] | None = None) -> Iterator[PairResult]:
         for i in range(len(self.store)) if rows is None else rows:
             yield self.result(i)
+
+    def ranks(self) -> set[int]:
+        """The ranks among the settled pairs (read a chunk at a time)."""
+        out: set[int] = set()
+        for start in range(0, len(self.store), CHUNK):
+            rows = self.store.rows_between(start, min(start + CHUNK, len(self.store)))
+            out.update(np.unique(rows["rank"]).tolist())
+        return out
 
     def rows_of(self, token: int) -> range:
         start, stop = self.ranges.get(token, (0, 0))

@@ -19,6 +19,7 @@ from bench.bench_scale import write_dump
 from layerwatch.engine.readers import ReaderUpdate, open_dump
 from layerwatch.engine.records import PairResult
 from layerwatch.engine.session.cells import same_cell
+from layerwatch.engine.session import store
 from layerwatch.engine.session.core import CompareSession
 from layerwatch.engine.session.settled import EXTRA
 from layerwatch.engine.session.store import ROW
@@ -62,10 +63,10 @@ def _whole(golden: Path, target: Path) -> CompareSession:
     return session
 
 
-def _live(golden: Path, target: Path) -> tuple[CompareSession, int]:
+def _live(golden: Path, target: Path, spill: Path | None = None) -> tuple[CompareSession, int]:
     """A compact session fed token by token (flushing after each); also how many pairs had
-    settled before the runs finished."""
-    session = CompareSession(jobs=1, compact=True)
+    settled before the runs finished. ``spill``: the settled store's full chunks go there."""
+    session = CompareSession(jobs=1, compact=True, spill=spill)
     sides = {"golden": _by_token(golden, "golden"), "target": _by_token(target, "target")}
     for side, (head, _) in sides.items():
         session.add_update(side, head)
@@ -84,14 +85,27 @@ def _row(r: PairResult) -> tuple[object, ...]:
     return (json.dumps(r.to_json(), sort_keys=True), r.order, r.block, r.failed, r.is_logits)
 
 
+@pytest.mark.parametrize("spill", [False, True], ids=["ram", "spilled"])
 def test_a_live_session_in_the_store_equals_the_whole_run_session(
-    demo_runs: tuple[Path, Path],
+    demo_runs: tuple[Path, Path], spill: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Also with the settled store spilled to disk: chunks made small (module constants
+    patched) so the capture's few thousand pairs fill many of them."""
     golden, target = demo_runs
     whole = _whole(golden, target)
-    live, settled_live = _live(golden, target)
+    if spill:
+        monkeypatch.setattr(store, "CHUNK", 64)
+        monkeypatch.setattr(store, "POOL_CHUNK", 100)
+    live, settled_live = _live(golden, target, tmp_path if spill else None)
     assert settled_live > len(whole.results()) // 2  # most tokens settled while the runs ran
     assert not live._records["golden"] and not live._pairs  # nothing kept but the store
+    if spill:  # all but the chunk being filled is on disk
+        assert (
+            live.settled.store.disk_bytes
+            >= (len(live.settled) - 64) * live.settled.store.dtype.itemsize
+        )
+        assert live.settled.store.nbytes <= 64 * live.settled.store.dtype.itemsize + 100 * 8
+    assert len(live._emitted) < len(whole.cells()) // 4  # settled cells are table rows
     assert [_row(r) for r in live.results()] == [_row(r) for r in whole.results()]
     assert [_row(r) for part in live.results_by_token() for r in part] == [
         _row(r) for r in whole.results()
@@ -105,6 +119,12 @@ def test_a_live_session_in_the_store_equals_the_whole_run_session(
     cells, expected = live.cells(), whole.cells()
     assert cells.keys() == expected.keys()
     assert all(same_cell(cells[c], expected[c]) for c in expected)
+    for rank in (None, 0):
+        (ranks, got), (want_ranks, want) = live.rank_cells(rank), whole.rank_cells(rank)
+        assert ranks == want_ranks == (0,)
+        assert sorted((c.token, c.block) for c in got) == sorted((c.token, c.block) for c in want)
+        by_cell = {(c.token, c.block): c for c in want}
+        assert all(same_cell(c, by_cell[(c.token, c.block)]) for c in got)
     for token, block in list(expected)[::7]:
         got = live.pairs_in_block(token, block)
         assert [_row(r) for r in got] == [_row(r) for r in whole.pairs_in_block(token, block)]
@@ -145,16 +165,24 @@ def test_open_of_a_real_capture_writes_compares_report(
     assert out["open"] == out["compare"]
 
 
-def test_a_settled_pair_costs_under_256_bytes(tmp_path: Path) -> None:
-    """Memory the live session holds a pair once its token settled: store row, CSV extras and
-    metric values, plus every Python object that grew (traced allocations, not RSS: exact)."""
+@pytest.mark.parametrize("spill", [False, True], ids=["ram", "spilled"])
+def test_a_settled_pair_costs_under_256_bytes(
+    tmp_path: Path, spill: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory the live session holds a pair once its token settled: store row (CSV extras
+    included) and metric values, its share of the cells table, plus every Python object that
+    grew (traced allocations, not RSS: exact). Spilled (chunks made small so many fill up),
+    what stays in RAM is a few bytes a pair: the per-token index, cells and names."""
+    if spill:
+        monkeypatch.setattr(store, "CHUNK", 1024)
+        monkeypatch.setattr(store, "POOL_CHUNK", 4096)
     write_dump(tmp_path / "g" / "cpu_1", 40, 600, noise=0.0, seed=1)
     write_dump(tmp_path / "t" / "cpu_2", 40, 600, noise=1e-7, seed=2, faults=((30, 5),))
     sides = {
         "golden": _by_token(tmp_path / "g", "golden"),
         "target": _by_token(tmp_path / "t", "target"),
     }
-    session = CompareSession(jobs=1, compact=True)
+    session = CompareSession(jobs=1, compact=True, spill=tmp_path if spill else None)
     for side, (head, _) in sides.items():
         session.add_update(side, head)
 
@@ -167,14 +195,18 @@ def test_a_settled_pair_costs_under_256_bytes(tmp_path: Path) -> None:
     tracemalloc.start()  # the records were read before: only the session's own objects count
     feed(range(10))  # the store's first chunks are allocated (65 536 rows, 1 M values)
     before = tracemalloc.get_traced_memory()[0]  # the live tokens' objects are in both figures
-    rows, values = len(session.settled), session.settled.store._pool_n
+    settled = session.settled
+    rows, values = len(settled), settled.store._pool_n
     feed(range(10, 40))
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    pairs = len(session.settled) - rows
+    pairs = len(settled) - rows
     assert pairs >= 27 * 600 and len(session._records["golden"]) <= 3 * 600
-    column_bytes = (
-        pairs * (ROW.itemsize + EXTRA.itemsize) + (session.settled.store._pool_n - values) * 8
-    )
+    if spill:  # numpy's allocations are traced too: the chunks came and went
+        assert settled.store.disk_bytes >= (len(settled) - 1024) * settled.store.dtype.itemsize
+        assert grown / pairs <= 32, grown / pairs
+        return
+    assert settled.store.dtype.itemsize == ROW.itemsize + EXTRA.itemsize
+    column_bytes = pairs * settled.store.dtype.itemsize + (settled.store._pool_n - values) * 8
     # The chunks were allocated before: traced growth is the objects; the columns fill them.
     assert (grown + column_bytes) / pairs <= 256, (grown / pairs, column_bytes / pairs)
