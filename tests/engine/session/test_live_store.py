@@ -18,8 +18,8 @@ import pytest
 from bench.bench_scale import write_dump
 from layerwatch.engine.readers import ReaderUpdate, open_dump
 from layerwatch.engine.records import PairResult
-from layerwatch.engine.session.cells import same_cell
 from layerwatch.engine.session import store
+from layerwatch.engine.session.cells import same_cell
 from layerwatch.engine.session.core import CompareSession
 from layerwatch.engine.session.settled import EXTRA
 from layerwatch.engine.session.store import ROW
