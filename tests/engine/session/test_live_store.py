@@ -9,6 +9,7 @@ synthetic layerwatch dumps of tests/bench/bench_scale.py for the memory figure.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tracemalloc
@@ -19,12 +20,14 @@ from bench.bench_scale import write_dump
 from layerwatch.engine.readers import ReaderUpdate, open_dump
 from layerwatch.engine.records import PairResult
 from layerwatch.engine.session import store
-from layerwatch.engine.session.cells import same_cell
+from layerwatch.engine.session.cells import aggregate, same_cell
 from layerwatch.engine.session.core import CompareSession
-from layerwatch.engine.session.settled import EXTRA
+from layerwatch.engine.session.settled import EXTRA, SettledTokens
 from layerwatch.engine.session.store import ROW
 
 CLI = [sys.executable, "-m", "layerwatch.tui.cli"]
+SMALL = "import layerwatch.engine.session.store as s; s.CHUNK, s.POOL_CHUNK = 64, 100\n"
+CLI_MAIN = "import sys\nfrom layerwatch.tui.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 NEW_TOKENS = 16
 
 
@@ -138,31 +141,42 @@ def test_a_live_session_in_the_store_equals_the_whole_run_session(
     assert detail.golden is not None and detail.golden.stats is not None  # re-read from the bytes
 
 
+@pytest.mark.parametrize("spill", [False, True], ids=["ram", "spilled"])
 def test_open_of_a_real_capture_writes_compares_report(
-    demo_runs: tuple[Path, Path], tmp_path: Path
+    demo_runs: tuple[Path, Path], tmp_path: Path, spill: bool
 ) -> None:
     """``open --headless`` (the live session, settling as it reads) against ``compare``
-    (windows of tokens): the same JSON on stdout and the same CSV, byte for byte."""
+    (windows of tokens): the same JSON on stdout and the same CSV, byte for byte — also with
+    the live store spilled (``LAYERWATCH_SPILL=always``, chunks of 64 rows in the child)."""
     golden, target = demo_runs
+    where = tmp_path / "spill"
+    where.mkdir()
+    env = {**os.environ, "LAYERWATCH_SPILL_DIR": str(where)}
+    if spill:
+        env["LAYERWATCH_SPILL"] = "always"
     out = {}
     for command in ("open", "compare"):
         extra = ["--headless"] if command == "open" else []
+        cli = [sys.executable, "-c", SMALL + CLI_MAIN] if spill and command == "open" else CLI
         report = tmp_path / f"{command}.csv"
         done = subprocess.run(
-            [*CLI, command, str(golden), str(target), *extra, "--jobs", "1", "--json"],
+            [*cli, command, str(golden), str(target), *extra, "--jobs", "1", "--json"],
             capture_output=True,
             text=True,
+            env=env,
         )
         assert done.returncode == 1, done.stderr
         again = subprocess.run(
-            [*CLI, command, str(golden), str(target), *extra, "--jobs", "1", "-o", str(report)],
+            [*cli, command, str(golden), str(target), *extra, "--jobs", "1", "-o", str(report)],
             capture_output=True,
             text=True,
+            env=env,
         )
         assert again.returncode == 1, again.stderr
         out[command] = (json.loads(done.stdout), report.read_bytes())
     assert out["open"][0]["first_failure"] is not None
     assert out["open"] == out["compare"]
+    assert not any(where.iterdir())  # the spill files had no name
 
 
 @pytest.mark.parametrize("spill", [False, True], ids=["ram", "spilled"])
@@ -210,3 +224,32 @@ def test_a_settled_pair_costs_under_256_bytes(
     column_bytes = pairs * settled.store.dtype.itemsize + (settled.store._pool_n - values) * 8
     # The chunks were allocated before: traced growth is the objects; the columns fill them.
     assert (grown + column_bytes) / pairs <= 256, (grown / pairs, column_bytes / pairs)
+
+
+def test_settled_rows_spilled_to_disk_take_new_columns(
+    demo_runs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grid's columns change after tokens settled (a topology landing late): every row's
+    block is rewritten where it lies, on disk included, and the cells rebuilt from them."""
+    monkeypatch.setattr(store, "CHUNK", 64)
+    monkeypatch.setattr(store, "POOL_CHUNK", 100)
+    golden, target = demo_runs
+    results = [r for r in _whole(golden, target).results() if r.verdict.value != "unpaired"]
+    settled = SettledTokens(tmp_path)
+    for token in sorted({r.key.token for r in results}):
+        settled.add_token(token, [r for r in results if r.key.token == token], None, None)
+    assert settled.store.disk_bytes > 0
+    moved = {key: (block + 1) // 2 for key, block in settled.blocks.items()}  # columns merged
+    settled.relayout(moved)
+    again = list(settled.results())
+    assert [r.block for r in again] == [moved[(r.key.node, r.key.part)] for r in results]
+    for token in settled.ranges:
+        want = {
+            block: aggregate(
+                token, block, [r for r in again if r.key.token == token and r.block == block]
+            )
+            for block in {r.block for r in again if r.key.token == token and r.block >= 0}
+        }
+        got = {c.block: c for c in settled.cells_of(token)}
+        assert got.keys() == want.keys()
+        assert all(same_cell(got[b], want[b]) for b in want)
