@@ -275,6 +275,15 @@ class CompareSession(SessionState):
                 not_compared_pairs=self._counts[Verdict.DIVERGED],
             )
 
+    def settled_floor(self) -> int:
+        """Every token below this one is settled (or never had a golden tensor): its
+        records will not be needed again, so a reader may forget what it keeps of them."""
+        with self._lock:
+            live = [t for t in self._keys_at["golden"] if t not in self.settled.ranges]
+            if live:
+                return min(live)
+            return max(self.settled.ranges, default=-1) + 1
+
     def token_ids(self, side: str) -> dict[int, tuple[int, ...]]:
         """The input ids each token of ``side`` was fed (from its dump's token records)."""
         with self._lock:

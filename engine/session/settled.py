@@ -108,7 +108,7 @@ class SettledTokens:
 
     def _extra(self, results: list[PairResult], n: int) -> list[tuple[object, ...]]:
         s = self.store.strings.id
-        rows = []
+        rows: list[tuple[object, ...]] = []
         for i, r in enumerate(results):
             g = _stats(r.golden.stats if r.golden is not None else None, r.golden_stats)
             t = _stats(r.target.stats if r.target is not None else None, r.target_stats)

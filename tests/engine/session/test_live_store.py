@@ -253,3 +253,29 @@ def test_settled_rows_spilled_to_disk_take_new_columns(
         got = {c.block: c for c in settled.cells_of(token)}
         assert got.keys() == want.keys()
         assert all(same_cell(got[b], want[b]) for b in want)
+
+
+def test_a_watched_run_forgets_the_keys_of_settled_tokens(tmp_path: Path) -> None:
+    """A watched side's reader hands each key out once, remembering it; once the session
+    settled a token the reader is told to forget its keys (else they grow with every tensor
+    of the run, ~130 bytes each)."""
+    from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
+
+    write_dump(tmp_path / "g" / "cpu_1", 12, 60, noise=0.0, seed=1)
+    write_dump(tmp_path / "t" / "cpu_2", 12, 60, noise=1e-7, seed=2)
+    session = CompareSession(jobs=1, compact=True)
+    pipeline = LivePipeline(
+        attach_spec(tmp_path / "g", idle_s=0.2),
+        attach_spec(tmp_path / "t", idle_s=0.2),
+        session=session,
+    )
+    pipeline.start()
+    try:
+        assert pipeline.wait(60), "the pipeline did not finish"
+    finally:
+        pipeline.stop()
+    assert len(session.settled) == 12 * 60 and session.settled_floor() == 12
+    for side in pipeline.sides.values():
+        assert not side.chunked
+        kept = [t for rank in side.reader._ranks.values() for t in rank.seen]  # type: ignore[union-attr]
+        assert kept == [], kept
