@@ -327,7 +327,8 @@ class CompareSession(SessionState):
         """The current grid: (token, block) → cell, for every non-empty cell."""
         with self._lock:
             self._refresh_cells(emit=[])
-            out = {cell: c for cell in self.settled.cells if (c := self.settled.cells.get(cell))}
+            table = self.settled.cells
+            out = {(c.token, c.block): c for t in table.ranges for c in table.cells_of(t)}
             out.update(self._emitted)
             return out
 
