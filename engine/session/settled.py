@@ -26,6 +26,7 @@ from layerwatch.engine.records import PairResult, Stats, TensorKey
 from layerwatch.engine.seam import CellUpdate
 from layerwatch.engine.session.cell_table import CellTable
 from layerwatch.engine.session.cells import aggregate, is_failure
+from layerwatch.engine.session.findings import failure_key
 from layerwatch.engine.session.store import CHUNK, ResultStore
 
 EXTRA = np.dtype(
@@ -241,16 +242,18 @@ class SettledTokens:
 
 def _cells(token: int, results: list[PairResult], start: int) -> list[tuple[CellUpdate, int]]:
     """The cells of a token's results (store rows from ``start``, report order), each with the
-    row of its first failure."""
+    row of its first failure (the order the first failure is chosen in: ``failure_key``)."""
     groups: dict[int, list[PairResult]] = defaultdict(list)
-    first: dict[int, int] = {}
+    first: dict[int, tuple[tuple[object, ...], int]] = {}
     for i, result in enumerate(results):
         if result.block >= 0:
             groups[result.block].append(result)
-            if result.block not in first and is_failure(result):
-                first[result.block] = start + i
+            if is_failure(result):
+                where = failure_key(result)
+                if result.block not in first or where < first[result.block][0]:
+                    first[result.block] = (where, start + i)
     return [
-        (aggregate(token, block, members), first.get(block, -1))
+        (aggregate(token, block, members), first[block][1] if block in first else -1)
         for block, members in groups.items()
     ]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from bench.bench_scale import write_dump
 from layerwatch.engine.readers import ReaderUpdate, open_dump
-from layerwatch.engine.records import PairResult
+from layerwatch.engine.records import PairResult, TensorKey
 from layerwatch.engine.session import store
 from layerwatch.engine.session.cells import aggregate, same_cell
 from layerwatch.engine.session.core import CompareSession
@@ -115,6 +115,11 @@ def test_a_live_session_in_the_store_equals_the_whole_run_session(
     ]
     assert whole.first_failure is not None and whole.divergence is not None
     assert live.first_failure == whole.first_failure
+    first = whole.first_failure
+    row = live.settled.cells.first_row((first.token, first.block))  # the cell's first failure
+    assert row >= 0 and live.settled.result(row).key == TensorKey(
+        first.token, first.node, first.stem, first.rank
+    )
     assert live.root_cause == whole.root_cause
     assert live.first_bad_token == whole.first_bad_token
     assert live.divergence == whole.divergence
