@@ -30,6 +30,7 @@ PROGRESS_EVERY = 1.0
 def _session(args: argparse.Namespace, tokens: str | None = None) -> Any:
     from layerwatch.capture.tokens import parse_tokens
     from layerwatch.engine.precheck import precheck_sentence
+    from layerwatch.engine.session.budget import live_spill
     from layerwatch.engine.session.core import CompareSession
 
     session = CompareSession(
@@ -40,6 +41,7 @@ def _session(args: argparse.Namespace, tokens: str | None = None) -> Any:
         auto_map=True if getattr(args, "auto_map", False) else None,
         side_stats=bool(getattr(args, "output", None)),  # msit's max/min/mean CSV columns
         compact=True,  # settled tokens kept as store rows (engine/session/settled.py)
+        spill=live_spill(getattr(args, "output", None)),  # full chunks to an unnamed file
     )
     session.operator_check = precheck_sentence  # the operator view adds the op's own precheck
     return session

@@ -231,6 +231,11 @@ class LivePipeline:
                     self._freezer.tick()
                 dirty = False
                 next_flush = now + FLUSH_S
+                floor = getattr(self.session, "settled_floor", None)
+                if floor is not None and self._spread is None:
+                    below = floor()
+                    for side in self.sides.values():
+                        side.forget_before(below)
                 self._send(result)
                 if result.done:
                     self.done.set()

@@ -93,6 +93,8 @@ class LiveSide:
         """A finished dump read a part at a time (:data:`CHUNK_BYTES`) until its index is
         consumed; then the usual final poll."""
         self._chunk_top = -1
+        self._forgot = -1
+        """Tokens below this were forgotten by the reader (the session settled them)."""
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(
@@ -118,6 +120,15 @@ class LiveSide:
     def stop_watching(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+
+    def forget_before(self, token: int) -> None:
+        """The session settled every token before ``token``: the reader may drop what it keeps
+        of them (the keys it handed out, per-token orders), which would otherwise grow with
+        every tensor of a watched run. A chunked read forgets as it goes (:meth:`_next_chunk`)."""
+        forget = getattr(self.reader, "forget_before", None)
+        if forget is not None and not self.chunked and token > self._forgot:
+            self._forgot = token
+            forget(token)
 
     # --- input -----------------------------------------------------------------------------
     def ingest(self, arrivals: list[Arrival]) -> list[ReaderUpdate]:

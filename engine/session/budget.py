@@ -82,6 +82,14 @@ def spill_dir(report: str | None) -> Path:
     return Path(tempfile.gettempdir())
 
 
+def live_spill(report: str | None) -> Path | None:
+    """Where a live session (``open``, ``watch``, ``run``, the TUI) spills its settled pairs'
+    store, None to keep it in RAM (``LAYERWATCH_SPILL=never``). A live run's size is not known
+    while it is written, so it spills unless told not to: only full chunks (65 536 pairs) are
+    written, so a small session writes nothing, and a long one keeps a few bytes a pair."""
+    return None if spill_mode() == "never" else spill_dir(report)
+
+
 @dataclass(frozen=True, slots=True)
 class Estimate:
     pairs: int

@@ -42,6 +42,7 @@ from layerwatch.engine.session.cells import aggregate, merge_cells, rank_cells, 
 from layerwatch.engine.session.findings import part_of
 from layerwatch.engine.session.jobs import CompareFn, JobRunner, Work, rejudge
 from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
+from layerwatch.engine.session.settled import SettledTokens
 from layerwatch.engine.session.state import SIDES, SessionState
 
 if TYPE_CHECKING:
@@ -68,9 +69,12 @@ class CompareSession(SessionState):
         compare: CompareFn | None = None,
         side_stats: bool = False,
         compact: bool = False,
+        spill: str | Path | None = None,
     ) -> None:
         super().__init__()
         self.compact = compact
+        if spill is not None:  # settled pairs' full chunks go to a file there (store.py)
+            self.settled = SettledTokens(spill)
         if thresholds is None or isinstance(thresholds, str | Path):
             from layerwatch.engine.numerics.thresholds import Thresholds
 
@@ -271,6 +275,15 @@ class CompareSession(SessionState):
                 not_compared_pairs=self._counts[Verdict.DIVERGED],
             )
 
+    def settled_floor(self) -> int:
+        """Every token below this one is settled (or never had a golden tensor): its
+        records will not be needed again, so a reader may forget what it keeps of them."""
+        with self._lock:
+            live = [t for t in self._keys_at["golden"] if t not in self.settled.ranges]
+            if live:
+                return min(live)
+            return max(self.settled.ranges, default=-1) + 1
+
     def token_ids(self, side: str) -> dict[int, tuple[int, ...]]:
         """The input ids each token of ``side`` was fed (from its dump's token records)."""
         with self._lock:
@@ -314,16 +327,23 @@ class CompareSession(SessionState):
         """The current grid: (token, block) → cell, for every non-empty cell."""
         with self._lock:
             self._refresh_cells(emit=[])
-            return dict(self._emitted)
+            table = self.settled.cells
+            out = {(c.token, c.block): c for t in table.ranges for c in table.cells_of(t)}
+            out.update(self._emitted)
+            return out
 
     def rank_cells(self, rank: int | None) -> tuple[tuple[int, ...], list[CellUpdate]]:
         """(the ranks present, the grid as rank ``rank`` alone colours it; ``None``: the worst
         over all ranks, the usual grid): the TUI's rank selector for tensor-parallel dumps."""
-        results = self.results()
+        with self._lock:
+            present = self.settled.ranks()
+            present.update(p.gkey.rank for p in self._pairs.values() if p.eff is not None)
+            present.update(r.key.rank for r in self._unpaired_results())
         cells = self.cells()
-        ranks = tuple(sorted({r.key.rank for r in results}))
+        ranks = tuple(sorted(present))
         if rank is None:
             return ranks, list(cells.values())
+        results = (r for part in self.results_by_token() for r in part)  # a token at a time
         return ranks, rank_cells(results, rank, cells)
 
     def block_label(self, block: int) -> str:
@@ -532,18 +552,29 @@ class CompareSession(SessionState):
         for cell in sorted(self._dirty_cells):
             token, block = cell
             results, waiting = self._cell_contents(cell)
-            update = aggregate(token, block, results, waiting, cell == self._first_bad_cell)
-            update = merge_cells(self.settled.cells.get(cell), update)
-            previous = self._emitted.get(cell)
+            first_bad = cell == self._first_bad_cell
+            update = aggregate(token, block, results, waiting, first_bad)
+            settled = self.settled.cells.get(cell)
+            update = merge_cells(settled, update)
+            shown = self._emitted.get(cell, settled if self._table_shown else None)
             if update.pairs == 0 and not waiting:
-                if previous is not None:
-                    del self._emitted[cell]
+                if shown is not None:
+                    self._emitted.pop(cell, None)
                     emit.append(update)
                 continue
-            if not same_cell(previous, update):
-                self._emitted[cell] = update
+            if not same_cell(shown, update):
                 emit.append(update)
+            if (
+                settled is not None
+                and not first_bad
+                and cell not in self._members
+                and same_cell(settled, update)
+            ):
+                self._emitted.pop(cell, None)  # the settled table's row is what is shown
+            else:
+                self._emitted[cell] = update
         self._dirty_cells.clear()
+        self._table_shown = True
 
     def _cell_contents(self, cell: tuple[int, int]) -> tuple[list[PairResult], int]:
         results: list[PairResult] = []

@@ -5,15 +5,18 @@ A live session (``open``, ``watch``, ``run``) once kept every record of both run
 PairResult per pair until the end (~5 KB a pair). Once both runs are past a token and its
 pairs are judged, nothing later changes them (see ``SessionState._settle`` in
 :mod:`.state`), so the session hands them here and forgets their records: what stays is one
-store row a pair (where both tensors' bytes are, so the detail pane can compare again), the
-statistics msit's CSV columns print, the token's first-failure and root-cause candidates, and
-one :class:`~.seam.CellUpdate` per (token, block). PairResults are built again only for what is
-shown or exported.
+store row a pair (where both tensors' bytes are, so the detail pane can compare again, and
+the statistics msit's CSV columns print, in the row's :data:`EXTRA` fields), the token's
+first-failure and root-cause candidates, and its cells as rows of a
+:class:`~.cell_table.CellTable`. PairResults and CellUpdates are built again only for what is
+shown or exported. Given a ``spill`` directory the store writes its full chunks there, as a
+headless compare's does (engine/session/store.py), so RAM keeps a few bytes a pair.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,8 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 from layerwatch.engine.records import PairResult, Stats, TensorKey
 from layerwatch.engine.seam import CellUpdate
-from layerwatch.engine.session.cells import aggregate, merge_cells
-from layerwatch.engine.session.store import CHUNK, ROW, ResultStore
+from layerwatch.engine.session.cell_table import CellTable
+from layerwatch.engine.session.cells import aggregate, is_failure
+from layerwatch.engine.session.findings import failure_key
+from layerwatch.engine.session.store import CHUNK, ResultStore
 
 EXTRA = np.dtype(
     [
@@ -54,12 +59,11 @@ class TokenFindings:
 class SettledTokens:
     """Everything a live session keeps of the tokens it has settled."""
 
-    def __init__(self) -> None:
-        self.store = ResultStore()
-        self._extra: list[np.ndarray] = []
+    def __init__(self, spill: str | os.PathLike[str] | None = None) -> None:
+        self.store = ResultStore(spill, extra=EXTRA)
         self.ranges: dict[int, tuple[int, int]] = {}
         """Token → its store rows ``[start, stop)`` (a token is settled once, whole)."""
-        self.cells: dict[tuple[int, int], CellUpdate] = {}
+        self.cells = CellTable()
         """(token, block) → the aggregate of its settled pairs (``first_bad`` unset)."""
         self.findings: dict[int, TokenFindings] = {}
         """Tokens with a failure → their first-failure and root-cause rows."""
@@ -74,7 +78,12 @@ class SettledTokens:
 
     @property
     def nbytes(self) -> int:
-        return self.store.nbytes + sum(c.nbytes for c in self._extra)
+        """Bytes of columns held in RAM (store rows and values not spilled, the cells)."""
+        return self.store.nbytes + self.cells.nbytes
+
+    def close(self) -> None:
+        """Give the spill files' space back (reading spilled pairs fails after this)."""
+        self.store.close()
 
     def add_token(
         self,
@@ -83,32 +92,24 @@ class SettledTokens:
         first: PairResult | None,
         cause: tuple[PairResult, bool] | None,
     ) -> None:
-        """Keep ``token``'s judged pairs (its findings candidates among them)."""
+        """Keep ``token``'s judged pairs, in report order (its findings candidates among them)."""
         start = len(self.store)
-        self.store.append(results)
-        self._append_extra(results)
+        self.store.append(results, self._extra(results, start))
         self.ranges[token] = (start, len(self.store))
         at = {id(r): start + i for i, r in enumerate(results)}
         if first is not None:
             self.findings[token] = TokenFindings(
                 at[id(first)], at[id(cause[0])] if cause else -1, cause[1] if cause else False
             )
-        groups: dict[int, list[PairResult]] = defaultdict(list)
         for result in results:
             self.blocks[(result.key.node, result.key.part)] = result.block
-            if result.block >= 0:
-                groups[result.block].append(result)
-        for block, members in groups.items():
-            self.cells[(token, block)] = merge_cells(
-                self.cells.get((token, block)), aggregate(token, block, members)
-            )
+        self.cells.add_token(token, _cells(token, results, start))
         self.tensors["golden"] += len(results)
         self.tensors["target"] += len(results)
 
-    def _append_extra(self, results: list[PairResult]) -> None:
+    def _extra(self, results: list[PairResult], n: int) -> list[tuple[object, ...]]:
         s = self.store.strings.id
-        n = len(self.store) - len(results)
-        rows = []
+        rows: list[tuple[object, ...]] = []
         for i, r in enumerate(results):
             g = _stats(r.golden.stats if r.golden is not None else None, r.golden_stats)
             t = _stats(r.target.stats if r.target is not None else None, r.target_stats)
@@ -126,23 +127,14 @@ class SettledTokens:
                     t[2],
                 )
             )
-        batch = np.array(rows, dtype=EXTRA)
-        done = 0
-        while done < len(batch):
-            if n == len(self._extra) * CHUNK:
-                self._extra.append(np.zeros(CHUNK, EXTRA))
-            at = n % CHUNK
-            take = min(CHUNK - at, len(batch) - done)
-            self._extra[-1][at : at + take] = batch[done : done + take]
-            done += take
-            n += take
+        return rows
 
     # --- reading ----------------------------------------------------------------------------
     def result(self, i: int) -> PairResult:
         """Row ``i`` as the PairResult the session had (records without their statistics: the
         CSV's max/min/mean ride in ``golden_stats``/``target_stats``)."""
         result = self.store.result(i)
-        extra = self._extra[i // CHUNK][i % CHUNK]
+        extra = self.store._row(i)
         values = self.store.strings.values
         for p, record in (("g", result.golden), ("t", result.target)):
             if record is not None and extra[f"{p}_source"] >= 0:
@@ -153,14 +145,20 @@ class SettledTokens:
         result.target_stats = _unstats(stats[3:]) if result.target is not None else None
         return result
 
-    def cells_of(self, token: int) -> list[tuple[tuple[int, int], CellUpdate]]:
-        _, cols = self._token_rows(token)
-        blocks = np.unique(cols["block"]) if len(cols) else ()
-        return [((token, int(b)), self.cells[(token, int(b))]) for b in blocks if b >= 0]
+    def cells_of(self, token: int) -> Iterator[CellUpdate]:
+        return self.cells.cells_of(token)
 
     def results(self, rows: Iterable[int] | None = None) -> Iterator[PairResult]:
         for i in range(len(self.store)) if rows is None else rows:
             yield self.result(i)
+
+    def ranks(self) -> set[int]:
+        """The ranks among the settled pairs (read a chunk at a time)."""
+        out: set[int] = set()
+        for start in range(0, len(self.store), CHUNK):
+            rows = self.store.rows_between(start, min(start + CHUNK, len(self.store)))
+            out.update(np.unique(rows["rank"]).tolist())
+        return out
 
     def rows_of(self, token: int) -> range:
         start, stop = self.ranges.get(token, (0, 0))
@@ -169,16 +167,7 @@ class SettledTokens:
     def _token_rows(self, token: int) -> tuple[range, np.ndarray]:
         """The token's rows and their columns (one small copy: a token is a few thousand rows)."""
         rows = self.rows_of(token)
-        if not rows:
-            return rows, np.zeros(0, ROW)
-        parts = []
-        i = rows.start
-        while i < rows.stop:
-            chunk = self.store.chunk(i // CHUNK)
-            take = min(rows.stop - i, CHUNK - i % CHUNK)
-            parts.append(chunk[i % CHUNK : i % CHUNK + take])
-            i += take
-        return rows, np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return rows, self.store.rows_between(rows.start, rows.stop)
 
     def holds(self, key: TensorKey) -> bool:
         """``key`` (a golden key) is among the settled pairs."""
@@ -234,21 +223,39 @@ class SettledTokens:
         node and part) and the settled cells rebuilt. Rare (a topology that lands late)."""
         values = self.store.strings.values
         self.blocks = dict(block_of)
-        self.cells.clear()
+        cells = CellTable()
         for token, (start, stop) in self.ranges.items():
-            results = []
-            for i in range(start, stop):
-                chunk, at = self.store.chunk(i // CHUNK), i % CHUNK
-                node, stem = values[chunk["node"][at]], values[chunk["stem"][at]]
-                part = "input" if stem.startswith("input") else "output"
-                chunk["block"][at] = block_of.get((node, part), -1)
-                results.append(self.result(i))
-            groups: dict[int, list[PairResult]] = defaultdict(list)
-            for r in results:
-                if r.block >= 0:
-                    groups[r.block].append(r)
-            for block, members in groups.items():
-                self.cells[(token, block)] = aggregate(token, block, members)
+            cols = self.store.rows_between(start, stop)
+            blocks = np.array(
+                [
+                    block_of.get(
+                        (values[n], "input" if values[s].startswith("input") else "output"), -1
+                    )
+                    for n, s in zip(cols["node"], cols["stem"], strict=True)
+                ],
+                dtype=cols["block"].dtype,
+            )
+            self.store.set_column(start, "block", blocks)
+            cells.add_token(token, _cells(token, list(self.results(range(start, stop))), start))
+        self.cells = cells
+
+
+def _cells(token: int, results: list[PairResult], start: int) -> list[tuple[CellUpdate, int]]:
+    """The cells of a token's results (store rows from ``start``, report order), each with the
+    row of its first failure (the order the first failure is chosen in: ``failure_key``)."""
+    groups: dict[int, list[PairResult]] = defaultdict(list)
+    first: dict[int, tuple[tuple[object, ...], int]] = {}
+    for i, result in enumerate(results):
+        if result.block >= 0:
+            groups[result.block].append(result)
+            if is_failure(result):
+                where = failure_key(result)
+                if result.block not in first or where < first[result.block][0]:
+                    first[result.block] = (where, start + i)
+    return [
+        (aggregate(token, block, members), first[block][1] if block in first else -1)
+        for block, members in groups.items()
+    ]
 
 
 def _stats(stats: Stats | None, computed: Stats | None) -> tuple[float, float, float]:

@@ -104,6 +104,11 @@ class SessionState:
         self._n_logits = 0
         self._dirty_cells: set[tuple[int, int]] = set()
         self._emitted: dict[tuple[int, int], CellUpdate] = {}
+        """Cells as last sent, except settled cells shown as their row of
+        ``settled.cells`` (most of a long session's: no object a cell)."""
+        self._table_shown = True
+        """The settled cells absent from ``_emitted`` were sent as they are (False after the
+        grid's columns changed, until they are sent again)."""
         self._changed: set[Member] = set()
         self._first_failure: Finding | None = None
         self._root_cause: Finding | None = None
@@ -329,15 +334,6 @@ class SessionState:
         first = findings.first_failure(failures)
         cause = findings.root_cause(failures, self._inputs) if failures else None
         self.settled.add_token(token, results, first, cause)
-        for cell, settled in self.settled.cells_of(token):
-            shown = self._emitted.get(cell)
-            if (
-                cell not in self._members
-                and shown is not None
-                and not shown.first_bad
-                and same_cell(shown, settled)
-            ):
-                self._emitted[cell] = settled  # one object for both
         self._n_settled += len(results)
         golden, target = self._records["golden"], self._records["target"]
         tkeys = self._keys_at["target"].get(token)
@@ -377,6 +373,15 @@ class SessionState:
         self._fails.pop(token, None)
         for payload in self._reuse_at.pop(token, ()):
             self._reuse.pop(payload, None)  # type: ignore[attr-defined]
+        for settled in self.settled.cells_of(token):
+            cell = (token, settled.block)
+            shown = self._emitted.get(cell)
+            if cell in self._members:
+                continue  # its live part (unpaired tensors) keeps the cell in ``_emitted``
+            if shown is not None and not shown.first_bad and same_cell(shown, settled):
+                del self._emitted[cell]  # shown as the settled table's row from now on
+            else:
+                self._dirty_cells.add(cell)
         return True
 
     # --- results ---------------------------------------------------------------------------
@@ -641,13 +646,15 @@ class SessionState:
         if new.blocks != self._layout.blocks:
             self._blocks_changed = True
             self._emitted.clear()
+            self._table_shown = False
         self._layout = new
         if self.settled.blocks:
             moved = {k: new.block_of(*k) for k in self.settled.blocks}
             if moved != self.settled.blocks:
                 self._dirty_cells.update(self.settled.cells)
                 self.settled.relayout(moved)
-                self._dirty_cells.update(self.settled.cells)
+        if not self._table_shown:
+            self._dirty_cells.update(self.settled.cells)
         for member in (
             list(self._member_cell)
             + [("g", k) for k in self._records["golden"]]

@@ -146,6 +146,17 @@ class _Spilled:
             raise _disk_error(self.directory, exc) from None
         self.chunks = max(self.chunks, index + 1)
 
+    def write_at(self, first: int, values: np.ndarray) -> None:
+        """Overwrite elements ``first`` on (already on disk) in place."""
+        data = np.ascontiguousarray(values).view(np.uint8).data
+        at = first * self.dtype.itemsize
+        try:
+            while data:
+                done = os.pwrite(self.fd, data, at)
+                data, at = data[done:], at + done
+        except OSError as exc:
+            raise _disk_error(self.directory, exc) from None
+
     def read(self, first: int, count: int) -> np.ndarray:
         """Elements ``first`` to ``first + count`` (all on disk), read-only."""
         out = np.empty(count, self.dtype)
@@ -179,7 +190,17 @@ class ResultStore:
     ``spill``: a directory for the full chunks (see the module's docstring); None keeps every
     chunk in RAM. ``keep``: name the spill files (``spill_paths``) and leave them at close."""
 
-    def __init__(self, spill: str | os.PathLike[str] | None = None, *, keep: bool = False) -> None:
+    def __init__(
+        self,
+        spill: str | os.PathLike[str] | None = None,
+        *,
+        keep: bool = False,
+        extra: np.dtype | None = None,
+    ) -> None:
+        self.dtype = ROW if extra is None else np.dtype(ROW.descr + extra.descr)
+        """:data:`ROW`, then the ``extra`` fields a user of the store keeps beside each pair
+        (the live session's CSV statistics, engine/session/settled.py): stored, spilled and
+        read back with the row, filled by :meth:`append`'s ``extra``."""
         self._chunks: list[np.ndarray | None] = []
         """A spilled chunk is None here and lives in ``_spill_rows``."""
         self._n = 0
@@ -197,7 +218,7 @@ class ResultStore:
         self._files: list[_Spilled] = []
         if self.spill_dir is not None:
             self._files = [
-                _Spilled(self.spill_dir, "rows", ROW, CHUNK, keep),
+                _Spilled(self.spill_dir, "rows", self.dtype, CHUNK, keep),
                 _Spilled(self.spill_dir, "pool", np.dtype("<f8"), POOL_CHUNK, keep),
             ]
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -237,18 +258,23 @@ class ResultStore:
         self.close()
 
     # --- writing ----------------------------------------------------------------------------
-    def append(self, results: Iterable[PairResult]) -> None:
+    def append(
+        self, results: Iterable[PairResult], extra: Sequence[tuple[Any, ...]] | None = None
+    ) -> None:
         """Store ``results`` (a window's worth at a time: rows are built as tuples and copied
-        into the chunks in slices, ~2 µs a pair). With spill, chunks that filled up are
-        written out after (a failed write leaves them in RAM and raises the one line)."""
+        into the chunks in slices, ~2 µs a pair); ``extra``: each pair's values of the store's
+        ``extra`` fields. With spill, chunks that filled up are written out after (a failed
+        write leaves them in RAM and raises the one line)."""
         rows = [self._tuple(r) for r in results]
         if not rows:
             return
-        batch = np.array(rows, dtype=ROW)
+        if extra is not None:
+            rows = [row + more for row, more in zip(rows, extra, strict=True)]
+        batch = np.array(rows, dtype=self.dtype)
         done = 0
         while done < len(batch):
             if self._n == len(self._chunks) * CHUNK:
-                self._chunks.append(np.zeros(CHUNK, ROW))
+                self._chunks.append(np.zeros(CHUNK, self.dtype))
             at = self._n % CHUNK
             take = min(CHUNK - at, len(batch) - done)
             chunk = self._chunks[-1]
@@ -371,13 +397,43 @@ class ResultStore:
                 out.append(float(chunk[at % POOL_CHUNK]))
         return out
 
-    def chunk(self, index: int) -> np.ndarray:
-        """Rows chunk ``index``, writable, for a store that keeps its chunks in RAM (the live
-        session's, engine/session/settled.py, re-places rows when the grid's columns change)."""
-        chunk = self._chunks[index]
-        if chunk is None:
-            raise ValueError(f"rows chunk {index} was spilled to disk")
-        return chunk
+    def rows_between(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as one array (a copy; spilled rows read straight from the
+        file, not through the cache): a live session's token, a few thousand rows."""
+        if not 0 <= start <= stop <= self._n:
+            raise IndexError((start, stop))
+        out = np.empty(stop - start, self.dtype)
+        i = start
+        while i < stop:
+            k, at = divmod(i, CHUNK)
+            take = min(stop - i, CHUNK - at)
+            chunk = self._chunks[k]
+            if chunk is not None:
+                out[i - start : i - start + take] = chunk[at : at + take]
+            else:
+                out[i - start : i - start + take] = self._files[0].read(i, take)
+            i += take
+        return out
+
+    def set_column(self, start: int, name: str, values: np.ndarray) -> None:
+        """Overwrite column ``name`` of rows ``start`` on (the live session re-places its rows
+        when the grid's columns change: rare). Spilled rows are read, changed and written back
+        where they were."""
+        stop = start + len(values)
+        rows = self.rows_between(start, stop)
+        rows[name] = values
+        i = start
+        while i < stop:
+            k, at = divmod(i, CHUNK)
+            take = min(stop - i, CHUNK - at)
+            chunk = self._chunks[k]
+            if chunk is not None:
+                chunk[at : at + take] = rows[i - start : i - start + take]
+            else:
+                self._files[0].write_at(i, rows[i - start : i - start + take])
+            i += take
+        with self._lock:
+            self._cache.clear()
 
     def _row(self, i: int) -> np.void:
         if not 0 <= i < self._n:
@@ -391,7 +447,7 @@ class ResultStore:
     def column(self, name: str) -> np.ndarray:
         """One column over every stored pair (a copy; spilled rows are read a slice at a time
         and not cached, so a scan does not hold the store in RAM)."""
-        out = np.empty(len(self._chunks) * CHUNK, ROW[name])
+        out = np.empty(len(self._chunks) * CHUNK, self.dtype[name])
         step = min(READ_ROWS, CHUNK)
         for k, chunk in enumerate(self._chunks):
             if chunk is not None:

@@ -700,6 +700,41 @@ def open_table(
         print(line, flush=True)
 
 
+SESSION_GOAL = 65_536_000
+"""Pairs of the 32 768-token × 2 000-node session the live goals are stated for."""
+
+
+def session_table(work: Path, sizes: list[int], tensors: int, suffix: str, ram: bool) -> None:
+    """``--session-only``: ``open --headless`` at each size in fresh processes (the store
+    spilled, as ``open`` does unless ``LAYERWATCH_SPILL=never``; ``ram``: also in RAM), then
+    the slope of peak RSS between the smallest and the largest size, extrapolated."""
+    modes = ("never", "auto") if ram else ("auto",)
+    print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair  store")
+    got: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    for pairs in sizes:
+        for mode in modes:
+            f = measure(work, pairs, tensors, suffix, mode, command="open")
+            got[mode].append(f)
+            print(
+                f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
+                f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
+                f"{f['bytes_per_pair']:8.0f}    {'RAM' if mode == 'never' else 'spilled'}",
+                flush=True,
+            )
+    for mode, figures in got.items():
+        if len(figures) < 2:
+            continue
+        a, b = figures[0], figures[-1]
+        slope = (b["peak_rss_mb"] - a["peak_rss_mb"]) * 2**20 / (b["pairs"] - a["pairs"])
+        at_goal = b["peak_rss_mb"] + slope * (SESSION_GOAL - b["pairs"]) / 2**20
+        print(
+            f"slope ({'RAM' if mode == 'never' else 'spilled'}): {slope:.1f} B a pair between "
+            f"{a['pairs']:,} and {b['pairs']:,} pairs; {SESSION_GOAL:,} pairs ≈ "
+            f"{at_goal:.0f} MB peak RSS",
+            flush=True,
+        )
+
+
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--tui-child":
         tui_child(Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]))
@@ -712,6 +747,12 @@ def main() -> None:
     parser.add_argument("--open", action="store_true", help="time opening the golden index")
     parser.add_argument(
         "--session", action="store_true", help="also `open --headless` (the live session)"
+    )
+    parser.add_argument(
+        "--session-only",
+        action="store_true",
+        help="only `open --headless` (spilled as `open` decides; `--spill`: in RAM, then spilled), "
+        "and its slope: bytes a pair between the smallest and largest size, and 65 M pairs",
     )
     parser.add_argument(
         "--tui", type=int, nargs="*", default=[], help="TUI figures over `open` of these pairs"
@@ -754,6 +795,9 @@ def main() -> None:
         return
     sizes = list(args.pairs) + ([4_000_000] if args.big else [])
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.session_only:
+        session_table(args.work, sizes, args.tensors, args.suffix, args.spill)
+        return
     modes = ("never", "always") if args.spill else ("auto",)
     store = {"auto": "", "never": "  RAM", "always": "  disk"}
     variants = [("windows", False, False)]
