@@ -324,12 +324,20 @@ class CompareSession(SessionState):
             yield out
 
     def cells(self) -> dict[tuple[int, int], CellUpdate]:
-        """The current grid: (token, block) → cell, for every non-empty cell."""
+        """The current grid: (token, block) → cell, for every non-empty cell.
+
+        Read-only: the dirty cells are aggregated here but stay dirty, so the next batch still
+        sends them to the sink (the TUI's grid is built from the batches alone)."""
         with self._lock:
-            self._refresh_cells(emit=[])
             table = self.settled.cells
             out = {(c.token, c.block): c for t in table.ranges for c in table.cells_of(t)}
             out.update(self._emitted)
+            for cell in self._dirty_cells:
+                update, waiting = self._cell_now(cell)
+                if update.pairs == 0 and not waiting:
+                    out.pop(cell, None)
+                else:
+                    out[cell] = update
             return out
 
     def rank_cells(self, rank: int | None) -> tuple[tuple[int, ...], list[CellUpdate]]:
@@ -548,14 +556,17 @@ class CompareSession(SessionState):
             done=done,
         )
 
+    def _cell_now(self, cell: tuple[int, int]) -> tuple[CellUpdate, int]:
+        """A cell as it is now, its settled row merged in, and its pairs still waiting."""
+        results, waiting = self._cell_contents(cell)
+        update = aggregate(*cell, results, waiting, cell == self._first_bad_cell)
+        return merge_cells(self.settled.cells.get(cell), update), waiting
+
     def _refresh_cells(self, emit: list[CellUpdate]) -> None:
         for cell in sorted(self._dirty_cells):
-            token, block = cell
-            results, waiting = self._cell_contents(cell)
+            update, waiting = self._cell_now(cell)
             first_bad = cell == self._first_bad_cell
-            update = aggregate(token, block, results, waiting, first_bad)
             settled = self.settled.cells.get(cell)
-            update = merge_cells(settled, update)
             shown = self._emitted.get(cell, settled if self._table_shown else None)
             if update.pairs == 0 and not waiting:
                 if shown is not None:

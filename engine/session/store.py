@@ -403,17 +403,23 @@ class ResultStore:
         if not 0 <= start <= stop <= self._n:
             raise IndexError((start, stop))
         out = np.empty(stop - start, self.dtype)
-        i = start
-        while i < stop:
-            k, at = divmod(i, CHUNK)
-            take = min(stop - i, CHUNK - at)
+        for i, k, at, take in self._spans(start, stop):
             chunk = self._chunks[k]
             if chunk is not None:
                 out[i - start : i - start + take] = chunk[at : at + take]
             else:
                 out[i - start : i - start + take] = self._files[0].read(i, take)
-            i += take
         return out
+
+    @staticmethod
+    def _spans(start: int, stop: int) -> Iterator[tuple[int, int, int, int]]:
+        """Rows ``[start, stop)`` cut at chunk edges: (first row, chunk, row in it, rows)."""
+        i = start
+        while i < stop:
+            k, at = divmod(i, CHUNK)
+            take = min(stop - i, CHUNK - at)
+            yield i, k, at, take
+            i += take
 
     def set_column(self, start: int, name: str, values: np.ndarray) -> None:
         """Overwrite column ``name`` of rows ``start`` on (the live session re-places its rows
@@ -422,16 +428,12 @@ class ResultStore:
         stop = start + len(values)
         rows = self.rows_between(start, stop)
         rows[name] = values
-        i = start
-        while i < stop:
-            k, at = divmod(i, CHUNK)
-            take = min(stop - i, CHUNK - at)
+        for i, k, at, take in self._spans(start, stop):
             chunk = self._chunks[k]
             if chunk is not None:
                 chunk[at : at + take] = rows[i - start : i - start + take]
             else:
                 self._files[0].write_at(i, rows[i - start : i - start + take])
-            i += take
         with self._lock:
             self._cache.clear()
 

@@ -287,6 +287,29 @@ def test_live_batches_carry_only_changes(toy_runs: dict[str, ToyRun]) -> None:
     assert len(sink.drain()) == 2
 
 
+def test_cells_read_between_batches_still_reach_the_sink(toy_runs: dict[str, ToyRun]) -> None:
+    """``cells()`` (the TUI's rank selector reads it) must not take the cells that changed
+    since the last batch out of the next one: the grid is built from the batches alone."""
+    sink = QueueSink()
+    session = CompareSession(sink=sink)
+    golden, target = toy_runs["golden"], toy_runs["faulty"]
+    session.add_update("golden", golden.update())
+    session.add_records("target", [r for r in target.records if r.key.token < 2])
+    session.flush()  # tokens 2 and 3 sent as WAITING
+    session.finish("golden")
+    session.finish("target")  # their golden tensors will never be paired: the cells empty
+    read = session.cells()
+    session.flush()
+    grid: dict[tuple[int, int], CellState] = {}
+    for batch in sink.drain():
+        for cell in batch.cells:
+            grid[(cell.token, cell.block)] = cell.state
+    shown = {k: s for k, s in grid.items() if s is not CellState.EMPTY}
+    now = {k: c.state for k, c in session.cells().items()}
+    assert shown == now == {k: c.state for k, c in read.items()}
+    assert {t for t, _ in now} == {0, 1} and {t for t, _ in grid} == {0, 1, 2, 3}
+
+
 def test_topology_arriving_late_reassigns_blocks(toy_runs: dict[str, ToyRun]) -> None:
     session = CompareSession()
     session.add_update("golden", toy_runs["golden"].update(topology=False))
