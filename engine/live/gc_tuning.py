@@ -1,18 +1,20 @@
 """Keeping CPython's cyclic garbage collector from pausing a long-running live comparison.
 
-A session keeps every record and result: at ~10⁵ pairs the heap holds millions of objects,
-and each full (generation-2) collection walks all of them while holding the GIL — 0.1-0.5 s
-in which neither the engine worker nor the TUI's thread runs (``tests/bench/bench_gc.py``).
-Those objects live until the end, so walking them finds nothing. Two measures:
+A live session holds the records and results of the tokens not yet settled, their indexes and
+cells, and the imported libraries (transformers alone ~340 k objects): the heap holds millions
+of objects, and each full (generation-2) collection walks all of them while holding the GIL —
+0.1-0.5 s in which neither the engine worker nor the TUI's thread runs
+(``tests/bench/bench_gc.py``). Most of them live until the end or until their token settles
+and reference counting frees them, so walking them finds nothing. Two measures:
 
 - :func:`settle` after start-up: one collection, then ``gc.freeze()`` — imported modules and
   the start-up heap move to the permanent generation and are never walked again;
 - :class:`HeapFreezer`, ticked by the engine worker after each flush: at most every
   ``every_s`` seconds, a collection (over what was allocated since the last freeze only, so
   it is short) and a freeze. What is garbage is freed before freezing; reference counting
-  still frees frozen objects as usual. The cost: a frozen object that *later* becomes part of
-  an unreachable reference cycle is not reclaimed (the session's records and results do not
-  form cycles; a closed TUI screen does — a few hundred kilobytes per drill-down at most).
+  still frees frozen objects as usual (a settled token's records go that way). The cost: a
+  frozen object that *later* becomes part of an unreachable reference cycle is not reclaimed
+  (the session's records and results do not form cycles; a closed TUI screen does — a few hundred kilobytes per drill-down at most).
 
 Raising the thresholds alone does not help: it only makes collections of young objects rarer
 and longer (measured in the benchmark).
