@@ -156,6 +156,7 @@ class CompareSession(SessionState):
                 work_keys = sorted(self._todo, key=lambda k: (k.token, k.node, k.stem, k.rank))
                 work: list[Work] = []  # what really gets compared (aligned, one per payload pair)
                 sources: list[Work] = []  # the session's records behind each item of ``work``
+                sames: list[tuple[object, ...] | None] = []  # each item's _payload_key
                 copies: list[tuple[Work, Work, tuple[object, ...]]] = []
                 batch_keys: set[tuple[object, ...]] = set()
                 for gkey in work_keys:
@@ -176,6 +177,7 @@ class CompareSession(SessionState):
                         batch_keys.add(same)
                     sources.append(source)
                     work.append(item)
+                    sames.append(same)
                 self._todo.clear()
             report = None
             if progress is not None:
@@ -185,8 +187,7 @@ class CompareSession(SessionState):
             with self._lock:
                 while self.runner.notes:  # the pool could not start: compared inline
                     self._note(self.runner.notes.pop(0))
-                for source, item, result in zip(sources, work, results, strict=True):
-                    same = _payload_key(item)
+                for source, same, result in zip(sources, sames, results, strict=True):
                     if same is not None:
                         self._reuse[same] = result
                         if self.compact:
