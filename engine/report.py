@@ -157,7 +157,9 @@ _QUOTED: dict[str, str] = {}
 """Text that needs quoting → its quoted form, as ``csv.writer`` writes it."""
 _SIDE_TEXT: dict[tuple[Any, ...], str] = {}
 """(path, node type, dtype, shape) → a side's first four CSV cells: they repeat on every token."""
-_CACHE_LIMIT = 1 << 16
+_CACHE_LIMIT = 4096
+"""Entries of each cache before it starts over: per-tensor files (msit, ATB) never repeat a
+path, and the caches must not grow with the pairs."""
 
 
 def _field(text: str) -> str:

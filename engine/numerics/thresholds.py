@@ -47,7 +47,7 @@ from layerwatch.engine.seam import MetricCheck
 
 __all__ = ["CLASSES", "Override", "Thresholds", "dtype_class", "fmt_value", "looser"]
 
-_MEMO_LIMIT = 1 << 16
+_MEMO_LIMIT = 4096
 """Entries of :attr:`Thresholds._memo` before it starts over (a dump's distinct nodes × stems)."""
 HIGHER = HIGHER_IS_BETTER
 """Metrics where a larger value is better (the rest: smaller is better)."""
