@@ -550,6 +550,11 @@ def load_flat_many(locs: Sequence[Locator]) -> list[np.ndarray | Exception]:
     return out  # type: ignore[return-value]  # every slot was filled
 
 
+_KINDS: dict[tuple[str, tuple[int, ...]], tuple[str, np.dtype, int]] = {}
+"""(dtype name, shape) → canonical dtype, stored dtype, payload bytes (the same few on every
+token)."""
+
+
 def _load_group(
     locs: Sequence[Locator], members: list[int], out: list[np.ndarray | Exception | None]
 ) -> bool:
@@ -561,11 +566,17 @@ def _load_group(
     for i in members:
         loc = locs[i]
         try:
-            dt = canonical_dtype(loc.dtype)
-        except LayerwatchError:
-            return False
-        sdt = _STORED[dt]
-        want = math.prod(loc.shape) * sdt.itemsize
+            kind = _KINDS[(loc.dtype, loc.shape)]
+        except (KeyError, TypeError):  # TypeError: a shape given as a list
+            try:
+                dt = canonical_dtype(loc.dtype)
+            except LayerwatchError:
+                return False
+            sdt = _STORED[dt]
+            kind = (dt, sdt, math.prod(loc.shape) * sdt.itemsize)
+            if len(_KINDS) < 1024 and isinstance(loc.shape, tuple):
+                _KINDS[(loc.dtype, loc.shape)] = kind
+        dt, sdt, want = kind
         if not want:
             return False
         parts.append((i, dt, sdt, loc.offset, want))

@@ -10,6 +10,7 @@ methods from the UI thread — one lock guards the state and is never held while
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -153,7 +154,7 @@ class CompareSession(SessionState):
         with self._flush_lock:
             with self._lock:
                 self._refresh()
-                work_keys = sorted(self._todo, key=lambda k: (k.token, k.node, k.stem, k.rank))
+                work_keys = sorted(self._todo, key=_WORK_ORDER)
                 work: list[Work] = []  # what really gets compared (aligned, one per payload pair)
                 sources: list[Work] = []  # the session's records behind each item of ``work``
                 sames: list[tuple[object, ...] | None] = []  # each item's _payload_key
@@ -675,6 +676,10 @@ class CompareSession(SessionState):
             error=counts[Verdict.ERROR],
             pending=pending,
         )
+
+
+_WORK_ORDER = operator.attrgetter("token", "node", "stem", "rank")
+"""A flush compares its pairs in this order (a key tuple built in C, not by a lambda)."""
 
 
 def _payload_key(item: Work) -> tuple[object, ...] | None:
