@@ -182,9 +182,9 @@ def _side_text(record: TensorRecord, stats: Stats | None) -> str:
     """:func:`_side`'s 7 cells, joined: the first four from a cache, the statistics as
     :func:`_num` writes them."""
     path = record.source or (record.loc.path if record.loc else "")
-    key = (path, record.node_type, record.dtype, record.shape)
+    key: tuple[Any, ...] | None = (path, record.node_type, record.dtype, record.shape)
     try:
-        head = _SIDE_TEXT.get(key)
+        head = _SIDE_TEXT.get(key)  # type: ignore[arg-type]
     except TypeError:  # a shape given as a list
         key, head = None, None
     if head is None:
