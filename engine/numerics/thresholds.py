@@ -171,7 +171,7 @@ class Thresholds:
     ) -> tuple[str, dict[str, float], dict[str, str]]:
         """:meth:`limits_for` of a pair's metrics (statistics-only pairs use their own
         section), remembered: the dicts returned are shared, never to be changed."""
-        statistics = any(name in metrics for name in STAT_METRICS)
+        statistics = not metrics.keys().isdisjoint(STAT_METRICS)  # any of them, in C
         key = (
             (node, stem, golden_dtype, target_dtype, is_logits, statistics)
             if self.overrides  # the node and stem only matter to overrides

@@ -83,6 +83,9 @@ class Strings:
     def __init__(self) -> None:
         self._ids: dict[Any, int] = {}
         self.values: list[Any] = []
+        self.seen = self._ids.get
+        """The id of a value met before, else None (gives no id): the dict's own ``get``, a C
+        call where :meth:`id` is a Python one (~10 ids a stored pair)."""
 
     def id(self, value: Any) -> int:
         found = self._ids.get(value)
@@ -95,6 +98,8 @@ class Strings:
         return len(self.values)
 
 
+SIDE_IDS = 4096
+"""Entries of a store's side-id cache before it starts over (per-tensor files never repeat)."""
 _CONST = (0.0, 1.0)
 NO_TENSOR = -2
 """Side path id of a pair with no tensor on that side (unpaired)."""
@@ -210,6 +215,9 @@ class ResultStore:
         self.shapes = Strings()
         self.failed_sets = Strings()
         self.metric_sets = Strings()
+        self._side_ids: dict[tuple[Any, ...], tuple[int, int, int]] = {}
+        """(path, token, dtype, shape) → a side's path, shape and dtype ids: one lookup a side
+        instead of three ids and the path's token directory found again."""
         """Tuples of ``(name, 0.0 | 1.0 | None)``: None means the value is in the pool."""
         self.counts: Counter[Verdict] = Counter()
         self.strings.id("")  # id 0: no reason, no type
@@ -348,18 +356,19 @@ class ResultStore:
     def _tuple(self, result: PairResult, mset: int, pos: int) -> tuple[Any, ...]:
         key = result.key
         s = self.strings.id
+        seen = self.strings.seen  # a known value's id; 0 or None: ask s() (same id)
         self.counts[result.verdict] += 1
         return (
             key.token,
             key.rank,
             _VERDICT_ID[result.verdict],
             result.is_logits,
-            s(key.node),
-            s(key.stem),
+            seen(key.node) or s(key.node),
+            seen(key.stem) or s(key.stem),
             result.order,
             result.block,
-            s(result.node_type),
-            s(result.reason),
+            seen(result.node_type) or s(result.node_type),
+            seen(result.reason) or s(result.reason),
             self.failed_sets.id(tuple(result.failed)),
             mset,
             pos,
@@ -385,15 +394,24 @@ class ResultStore:
             or loc.layout
             or loc.stored_shape
         ):
-            shape, dtype = tuple(record.shape), record.dtype
-            return (NO_PAYLOAD, 0, 0, self.shapes.id(shape), self.strings.id(dtype))
-        return (
-            self._path_id(loc.path, token),
-            loc.offset,
-            loc.nbytes,
-            self.shapes.id(tuple(loc.shape)),
-            self.strings.id(loc.dtype),
-        )
+            return (
+                NO_PAYLOAD,
+                0,
+                0,
+                self.shapes.id(tuple(record.shape)),
+                self.strings.id(record.dtype),
+            )
+        at = (loc.path, token, loc.dtype, loc.shape)
+        try:
+            path_id, shape_id, dtype_id = self._side_ids[at]
+        except (KeyError, TypeError):  # TypeError: a shape given as a list
+            path_id = self._path_id(loc.path, token)
+            shape_id, dtype_id = self.shapes.id(tuple(loc.shape)), self.strings.id(loc.dtype)
+            if len(self._side_ids) >= SIDE_IDS:
+                self._side_ids.clear()
+            with contextlib.suppress(TypeError):
+                self._side_ids[at] = (path_id, shape_id, dtype_id)
+        return (path_id, loc.offset, loc.nbytes, shape_id, dtype_id)
 
     def _put_many(self, values: np.ndarray | list[float]) -> None:
         """Append a pair's metric values to the pool (one slice per chunk they fall in, not a

@@ -325,3 +325,34 @@ def test_local_figure_takes_the_larger_share_noise_on_a_tie(
         local_figure({RED: 0.0, NORM_REL: 0.0}, [{RED: math.inf, NORM_REL: 0.0}], "fp32", limit)
         is None
     )
+
+
+def test_side_ids_remembered_give_each_pair_its_own_file_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from layerwatch.engine.session import store as store_module
+
+    monkeypatch.setattr(store_module, "SIDE_IDS", 5)  # starts over many times
+    results = []
+    for token in range(4):
+        for node in ("root.a", "root.b", "root.c"):
+            loc = Locator(f"/d/cpu_1/{token}/{node}/output.pth", 64 * token, 64, "float32", (16,))
+            shared = Locator("/d/data/0.safetensors", 64 * token, 64, "bfloat16", (4, 8))
+            g = TensorRecord(TensorKey(token, node, "output"), "float32", (16,), loc)
+            t = TensorRecord(TensorKey(token, node, "output"), "bfloat16", (4, 8), shared)
+            results.append(PairResult(g.key, Verdict.PASS, {COSINE: 1.0}, golden=g, target=t))
+    store = ResultStore()
+    store.append(results[:5])
+    store.append(results[5:])
+    for i, result in enumerate(results):
+        for side in ("golden", "target"):
+            want = getattr(result, side)
+            got = store.record(i, side)
+            assert got is not None and got.loc is not None and want.loc is not None
+            assert (got.loc.path, got.loc.offset, got.loc.nbytes, got.loc.dtype) == (
+                want.loc.path,
+                want.loc.offset,
+                want.loc.nbytes,
+                want.loc.dtype,
+            )
+            assert tuple(got.shape) == tuple(want.shape)
