@@ -25,7 +25,7 @@ from layerwatch.engine.readers.load import (
     ChunkDecoder,
     canonical_dtype,
     iter_chunks,
-    load_flat,
+    load_flat_many,
     yields_bf16_bits,
 )
 from layerwatch.engine.readers.prefetch import PayloadPrefetch, prefetchable
@@ -359,12 +359,17 @@ def _compare_small(
 ) -> None:
     arrays: list[tuple[np.ndarray, np.ndarray]] = []
     loaded: list[PairResult] = []
-    for i in batch:
+    # every payload of the batch read first, a file's at once (load_flat_many)
+    gs = load_flat_many([items[i][0].loc for i in batch])  # type: ignore[misc]  # small: located
+    ts = load_flat_many([items[i][1].loc for i in batch])  # type: ignore[misc]
+    for i, g, t in zip(batch, gs, ts, strict=True):
         golden, target, is_logits = items[i]
         result = results[i] = _new_result(golden, target, is_logits)
-        assert golden.loc is not None and target.loc is not None
         try:
-            g, t = load_flat(golden.loc), load_flat(target.loc)
+            if isinstance(g, Exception):
+                raise g
+            if isinstance(t, Exception):
+                raise t
             if g.size != t.size:
                 raise ValueError("golden and target streams have different lengths")
             fill = mask_fill(golden, target)

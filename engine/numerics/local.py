@@ -22,6 +22,7 @@ with) except an embedding, whose integer ids carry no error: its input error is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -131,17 +132,21 @@ def local_figure(
         return None
     red_in = max(m[RED] for m in ins)
     nre_in = max(m[NORM_REL] for m in ins)
-    values = (red_out, nre_out, red_in, nre_in)
-    if any(v != v or v in (float("inf"), float("-inf")) for v in values):
+    if not (
+        math.isfinite(red_out)
+        and math.isfinite(nre_out)
+        and math.isfinite(red_in)
+        and math.isfinite(nre_in)
+    ):
         return None  # NaN/Inf are the non-finite gate's business
     noise = (red_out - limit.red_gain * red_in) / u
     scale = (nre_out - limit.scale_gain * nre_in) / u
-    terms = [
-        ("noise", noise, limit.red, limit.red_gain),
-        ("scale", scale, limit.scale, limit.scale_gain),
-    ]
-    part, excess, lim, gain = max(terms, key=lambda t: t[1] / t[2])
-    return LocalFigure(excess / lim, red_in, part, excess, lim, gain, klass)
+    # the larger share of its limit; noise on a tie (as max() over [noise, scale] picks)
+    if scale / limit.scale > noise / limit.red:
+        return LocalFigure(
+            scale / limit.scale, red_in, "scale", scale, limit.scale, limit.scale_gain, klass
+        )
+    return LocalFigure(noise / limit.red, red_in, "noise", noise, limit.red, limit.red_gain, klass)
 
 
 def embedding_input() -> dict[str, float]:

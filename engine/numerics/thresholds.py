@@ -47,6 +47,8 @@ from layerwatch.engine.seam import MetricCheck
 
 __all__ = ["CLASSES", "Override", "Thresholds", "dtype_class", "fmt_value", "looser"]
 
+_MEMO_LIMIT = 4096
+"""Entries of :attr:`Thresholds._memo` before it starts over (a dump's distinct nodes × stems)."""
 HIGHER = HIGHER_IS_BETTER
 """Metrics where a larger value is better (the rest: smaller is better)."""
 LABEL = {COSINE: "cosine", NAN_MISMATCH: "NaN/Inf mismatch"}
@@ -79,6 +81,12 @@ class Thresholds:
     weights: dict[str, dict[str, float]] = field(default_factory=dict)
     """``[weights.<kind>]``: gates of ``layerwatch weights`` per target kind (engine/weights.py);
     a gate set to ``false`` by the user is dropped."""
+    _memo: dict[tuple[Any, ...], tuple[str, dict[str, float], dict[str, str]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """:meth:`_limits_of`'s answers: a compare asks once a pair, for the same few (node, stem,
+    dtypes) on every token (~9 µs a pair of dict building and glob matching). Read-only
+    results; a copy (``dataclasses.replace``) starts empty."""
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
@@ -161,15 +169,27 @@ class Thresholds:
         is_logits: bool,
         stem: str,
     ) -> tuple[str, dict[str, float], dict[str, str]]:
-        """:meth:`limits_for` of a pair's metrics: statistics-only pairs use their own section."""
-        return self.limits_for(
-            node=node,
-            golden_dtype=golden_dtype,
-            target_dtype=target_dtype,
-            is_logits=is_logits,
-            stem=stem,
-            statistics=any(name in metrics for name in STAT_METRICS),
+        """:meth:`limits_for` of a pair's metrics (statistics-only pairs use their own
+        section), remembered: the dicts returned are shared, never to be changed."""
+        statistics = not metrics.keys().isdisjoint(STAT_METRICS)  # any of them, in C
+        key = (
+            (node, stem, golden_dtype, target_dtype, is_logits, statistics)
+            if self.overrides  # the node and stem only matter to overrides
+            else (golden_dtype, target_dtype, is_logits, statistics)
         )
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            found = self._memo[key] = self.limits_for(
+                node=node,
+                golden_dtype=golden_dtype,
+                target_dtype=target_dtype,
+                is_logits=is_logits,
+                stem=stem,
+                statistics=statistics,
+            )
+        return found
 
     def checks(
         self,
@@ -202,23 +222,44 @@ class Thresholds:
         stem: str = "",
     ) -> tuple[Verdict, tuple[str, ...], str]:
         """(verdict, failed metric names, one readable line saying why)."""
-        statistics = any(name in metrics for name in STAT_METRICS)
         klass, limits, origin = self._limits_of(
             metrics, node, golden_dtype, target_dtype, is_logits, stem
         )
-        failed = [
-            name
-            for name, limit in limits.items()
-            if name in metrics and not _within(name, metrics[name], limit, metrics, limits)
-        ]
+        failed = []
+        for name, limit in limits.items():  # _within, its plain cases inline (~6 calls a pair)
+            value = metrics.get(name)
+            if value is None:
+                continue
+            kind = _KIND.get(name, 0)
+            if kind == 0:
+                ok = value <= limit  # NaN fails both ways
+            elif kind == 1:
+                ok = (1.0 - value) <= (1.0 - limit)
+            elif kind == 2:
+                ok = value >= limit
+            else:
+                ok = _within(name, value, limit, metrics, limits)
+            if not ok:
+                failed.append(name)
         if not failed:
             return Verdict.PASS, (), ""
         parts = [_describe(name, metrics, limits) for name in failed if name != MARGIN]
         label = CLASS_LABEL[klass] + (" logits" if is_logits else "")
+        statistics = any(name in metrics for name in STAT_METRICS)
         label += " statistics limits" if statistics else " limits"
         for glob in dict.fromkeys(origin[name] for name in failed if name in origin):
             label += f", override {glob}"
         return Verdict.FAIL, tuple(failed), f"{' and '.join(parts)} ({label})"
+
+
+_KIND = {
+    **dict.fromkeys(HIGHER, 2),
+    COSINE: 1,
+    TOP1: 3,
+    MARGIN: 3,
+}
+"""How :func:`_within` compares each metric: 0 ``<=``, 1 cosine (on ``1 - cos``), 2 ``>=``, 3
+top-1 and margin (together)."""
 
 
 def _within(

@@ -190,10 +190,30 @@ class RankIndex:
         return name in self._ranks
 
 
+_EXACT_INT = 1 << 53
+"""Counts below this survive the float round trip of the general path unchanged."""
+
+
 def stats_from(values: Mapping[str, object] | None) -> Stats | None:
     """``Stats`` from a mapping with ``max min mean norm`` (+ ``nan inf``); None when absent."""
     if not values:
         return None
+    # the common line (our index's: four floats, two small counts) without the name search
+    # below, to the same values: ~4 µs a tensor line otherwise
+    get = values.get
+    high, low, mean, norm = get("max"), get("min"), get("mean"), get("norm")
+    nan, inf = get("nan", 0), get("inf", 0)
+    if (
+        high.__class__ is float
+        and low.__class__ is float
+        and mean.__class__ is float
+        and norm.__class__ is float
+        and nan.__class__ is int
+        and inf.__class__ is int
+        and 0 <= nan < _EXACT_INT
+        and 0 <= inf < _EXACT_INT
+    ):
+        return Stats(high, low, mean, norm, nan, inf)
 
     def num(key: str, *alts: str) -> float:
         for k in (key, *alts):

@@ -377,16 +377,26 @@ class LayerwatchReader(DirectoryReader):
         node types repeat on every token, so one string object each is shared."""
         names = self._names
         get = obj.get
-        node, stem, kind = str(obj["node"]), str(obj["stem"]), str(get("type", ""))
-        node = names.setdefault(node, node)
-        stem = names.setdefault(stem, stem)
-        kind = names.setdefault(kind, kind)
+        # a name seen before is its shared string at once (a str equals only a str key);
+        # anything else is made a string as before
+        node, stem, kind = obj["node"], obj["stem"], get("type", "")
+        try:
+            node, stem, kind = names[node], names[stem], names[kind]
+        except (KeyError, TypeError):
+            node, stem, kind = str(node), str(stem), str(kind)
+            node = names.setdefault(node, node)
+            stem = names.setdefault(stem, stem)
+            kind = names.setdefault(kind, kind)
         raw_dtype = str(obj["dtype"])
         dtype = self._dtypes.get(raw_dtype) or self._dtypes.setdefault(
             raw_dtype, canonical_dtype(raw_dtype)
         )
-        shape = tuple(int(d) for d in obj["shape"])
-        shape = self._shapes.setdefault(shape, shape)
+        raw_shape = obj["shape"]
+        try:  # a shape seen before: a hit equals a tuple of ints, what the loop below makes
+            shape = self._shapes[tuple(raw_shape)]
+        except (KeyError, TypeError):
+            shape = tuple(int(d) for d in raw_shape)
+            shape = self._shapes.setdefault(shape, shape)
         key = TensorKey(int(obj["token"]), node, stem, state.rank)
         order = int(get("order", -1))
         file = str(get("file", ""))

@@ -10,6 +10,7 @@ methods from the UI thread — one lock guards the state and is never held while
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -153,9 +154,10 @@ class CompareSession(SessionState):
         with self._flush_lock:
             with self._lock:
                 self._refresh()
-                work_keys = sorted(self._todo, key=lambda k: (k.token, k.node, k.stem, k.rank))
+                work_keys = sorted(self._todo, key=_WORK_ORDER)
                 work: list[Work] = []  # what really gets compared (aligned, one per payload pair)
                 sources: list[Work] = []  # the session's records behind each item of ``work``
+                sames: list[tuple[object, ...] | None] = []  # each item's _payload_key
                 copies: list[tuple[Work, Work, tuple[object, ...]]] = []
                 batch_keys: set[tuple[object, ...]] = set()
                 for gkey in work_keys:
@@ -176,6 +178,7 @@ class CompareSession(SessionState):
                         batch_keys.add(same)
                     sources.append(source)
                     work.append(item)
+                    sames.append(same)
                 self._todo.clear()
             report = None
             if progress is not None:
@@ -185,8 +188,7 @@ class CompareSession(SessionState):
             with self._lock:
                 while self.runner.notes:  # the pool could not start: compared inline
                     self._note(self.runner.notes.pop(0))
-                for source, item, result in zip(sources, work, results, strict=True):
-                    same = _payload_key(item)
+                for source, same, result in zip(sources, sames, results, strict=True):
                     if same is not None:
                         self._reuse[same] = result
                         if self.compact:
@@ -674,6 +676,10 @@ class CompareSession(SessionState):
             error=counts[Verdict.ERROR],
             pending=pending,
         )
+
+
+_WORK_ORDER = operator.attrgetter("token", "node", "stem", "rank")
+"""A flush compares its pairs in this order (a key tuple built in C, not by a lambda)."""
 
 
 def _payload_key(item: Work) -> tuple[object, ...] | None:

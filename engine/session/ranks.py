@@ -352,7 +352,7 @@ def _name(record: TensorRecord) -> Name:
 
 
 def _as_rank(record: TensorRecord, rank: int) -> TensorRecord:
-    return replace(record, key=replace(record.key, rank=rank))
+    return replace(record, key=record.key._replace(rank=rank))
 
 
 def _view(

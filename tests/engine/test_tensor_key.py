@@ -1,11 +1,10 @@
-"""TensorKey's cached hash (engine/records.py): the value the fields' tuple hashes to, the same
-equality and order as before, and a key pickled in one process finds its equal in another
-(string hashes differ between processes, so the cached value must not travel)."""
+"""TensorKey as a named tuple (engine/records.py): the hash, equality and order of its fields'
+tuple, as the dataclass of before had them; a changed copy by ``_replace``; and a key pickled
+in one process finds its equal in another (string hashes differ between processes)."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import pickle
 import subprocess
@@ -26,8 +25,11 @@ def test_hash_equality_and_order_are_the_fields() -> None:
         TensorKey(2, "b", "x"),
     ]
     assert repr(key) == "TensorKey(token=3, node='root.model.layers.0.mlp', stem='output', rank=1)"
-    moved = dataclasses.replace(key, token=4)
+    moved = key._replace(token=4)
     assert hash(moved) == hash((4, key.node, key.stem, key.rank)) and copy.deepcopy(key) == key
+    assert TensorKey(token=1, node="n", stem="input_0").rank == 0 and key.part == "output"
+    assert (moved.token, moved.node, moved.stem, moved.rank) == (4, key.node, key.stem, 1)
+    assert pickle.loads(pickle.dumps(key)) == key and type(copy.copy(key)) is TensorKey
 
 
 def test_a_key_pickled_in_another_process_hashes_as_a_local_one() -> None:

@@ -291,7 +291,7 @@ def renamed(run: ToyRun, rename: dict[str, str], types: dict[str, str] | None = 
     records = [
         replace(
             r,
-            key=replace(r.key, node=new_names.get(r.key.node, r.key.node)),
+            key=r.key._replace(node=new_names.get(r.key.node, r.key.node)),
             node_type=types.get(r.node_type, r.node_type),
         )
         for r in run.records

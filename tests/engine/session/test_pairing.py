@@ -77,7 +77,7 @@ def pair_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ToyRun]:
     # the Meta attention's file stem is ``output_attn`` (a stem rule maps it back)
     for i, r in enumerate(meta.records):
         if r.key.node.endswith(".attention") and r.key.stem == "output":
-            meta.records[i] = replace(r, key=replace(r.key, stem="output_attn"))
+            meta.records[i] = replace(r, key=r.key._replace(stem="output_attn"))
     return {"golden": golden, "meta": meta, "model": model}  # type: ignore[dict-item]
 
 
@@ -195,7 +195,7 @@ def test_msit_op_mapping_file_pairs_by_type_within_layers(
     )  # type: ignore[attr-defined]
     # ATB names outputs outtensor{i} -> output_{i}
     target.records = [
-        replace(r, key=replace(r.key, stem="output_0")) if r.key.stem == "output" else r
+        replace(r, key=r.key._replace(stem="output_0")) if r.key.stem == "output" else r
         for r in target.records
     ]
     (tmp_path / "map").mkdir()
