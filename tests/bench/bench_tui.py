@@ -254,6 +254,49 @@ async def key_latencies(
     return latencies
 
 
+async def loading_key_latencies(
+    app: LayerwatchApp, probe: Probe, until: threading.Event, timeout: float = 2.0
+) -> tuple[list[float], int]:
+    """Keys while a session loads, until ``until`` is set: j, l, k, h from a middle row, so
+    every key moves the cursor while tokens keep arriving below it (``key_latencies`` parks
+    the cursor on the last row, where ``j`` and page-down do not move and their samples were
+    lost). A key with no frame within ``timeout`` counts as ``timeout`` seconds, not as
+    nothing. Returns the latencies and how many keys timed out."""
+    grid = app.screen.query_one(LayerGrid)
+    grid.set_following(False)
+    while app.model.n_tokens < 3 and not until.is_set():
+        await asyncio.sleep(0.05)
+    grid.move_cursor(app.model.n_tokens // 2, 10)
+    await asyncio.sleep(0.1)
+    latencies: list[float] = []
+    lost = 0
+    rng = random.Random(1)
+    i = 0
+    while not until.is_set():
+        key = ("j", "l", "k", "h")[i % 4]
+        i += 1
+        before = (grid.cursor_row, grid.cursor_col)
+        event = events.Key(key, key)
+        event.set_sender(app)
+        t0 = time.perf_counter()
+        app._driver.send_message(event)
+        moved_at = None
+        while True:
+            await asyncio.sleep(0.0005)
+            now = time.perf_counter()
+            if moved_at is None and (grid.cursor_row, grid.cursor_col) != before:
+                moved_at = now
+            if moved_at is not None and probe.last_frame_end >= moved_at - 0.0005:
+                latencies.append(probe.last_frame_end - t0)
+                break
+            if now - t0 > timeout:
+                latencies.append(timeout)
+                lost += 1
+                break
+        await asyncio.sleep(rng.uniform(0.05, 0.15))
+    return latencies, lost
+
+
 def cold_repaint(app: LayerwatchApp, cpu: list[float] | None = None) -> float:
     """Seconds of one full repaint of the screen with the grid's line cache emptied: the
     worst frame a user can see (a resize, a jump far away). ``cpu`` gets the UI thread's CPU
