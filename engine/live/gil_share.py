@@ -14,14 +14,17 @@ back when the worker ends (so only a front end that owns the process asks for it
 - the switch interval to :data:`SWITCH_S`: a thread waiting for the GIL gets it within ~1 ms.
   A lone worker is not made to switch (nobody asks for the GIL), so loading is not slower;
 - with a :class:`.gc_tuning.HeapFreezer` ticking (``freeze_heap``), no *automatic* full
-  collections: the freezer already collects everything young once a second before it freezes,
+  collections: the freezer already collects everything not yet frozen once a second before it freezes,
   and the automatic ones came on top (23 of 35 full collections in a 100 k-pair load, each
   one walking the same not-yet-frozen objects). Young collections are untouched.
 
 Measured on ``tests/bench/bench_scale.py --tui 100000`` (the TUI over ``open`` of 100 k pairs,
-2 shared cores at load 2-3, alternated in the same run): key → frame while loading p95 79 ms
-with neither (as before), 52 ms with the switch interval alone, 47 ms with both; 0.5 ms
-instead of 1 ms was no better (52 ms). Load time within the noise (14-23 s either way).
+200×50, 2 shared cores, the build before alternated in the same run): key → frame while
+loading p95 44 ms against 54 ms at load 2-3 (~600 and ~500 keys), 37 against 42 ms at load
+1-1.5; 2 ms switches gave 36 ms where 1 ms gave 30 (load 1.5), 0.5 ms no better than 1. The
+load itself (the worker with a thread draining 20 times a second, no TUI) takes 0.97× the
+wall time and 0.98× the CPU (medians of 6 alternated pairs): a lone worker is not made to
+switch.
 """
 
 from __future__ import annotations

@@ -859,10 +859,11 @@ def main() -> None:
         t = tui_figures(args.work, pairs, args.tensors)
         print(
             f"TUI over open, {t['pairs']:,} pairs ({t['tokens']} tokens): loaded in "
-            f"{t['loaded_s']:.1f} s; cold repaint {_ms(t['cold_repaint'])} (UI-thread CPU "
+            f"{t['loaded_s']:.1f} s ({t['load_cpu_s']:.1f} s CPU, load average "
+            f"{t['load_avg']:.1f}); cold repaint {_ms(t['cold_repaint'])} (UI-thread CPU "
             f"{_ms(t['cold_repaint_cpu'])}); frame {_ms(t['frames'])};"
             f" key→frame {_ms(t['keys'])}; while loading: frame {_ms(t['loading_frames'])}, "
-            f"key→frame {_ms(t['loading_keys'])}; RSS {t['rss_mb']:.0f} MB, peak "
+            f"key→frame {_ms(t['loading_keys'])} ({t['loading_lost']} with no frame in 2 s); RSS {t['rss_mb']:.0f} MB, peak "
             f"{t['peak_rss_mb']:.0f} MB (start {t['start_rss_mb']:.0f} MB)",
             flush=True,
         )
