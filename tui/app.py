@@ -207,6 +207,7 @@ def run_app(source: ComparisonSource | None, *, title: str, cases: CasesView | N
     app = LayerwatchApp(source, title=title, cases=cases)
     if hasattr(source, "freeze_heap"):  # a LivePipeline: no long GC pauses (engine/gc_tuning)
         source.freeze_heap = True
+        source.share_gil = True  # keys answered while it loads (engine/live/gil_share.py)
     try:
         result = app.run()
     finally:

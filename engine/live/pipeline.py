@@ -15,6 +15,7 @@ inside a callback that thread is blocked in.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from layerwatch.capture.arrivals import Arrival
 from layerwatch.engine.live.gc_tuning import HeapFreezer, settle
+from layerwatch.engine.live.gil_share import ui_first
 from layerwatch.engine.live.side import LiveSide, SideSpec
 from layerwatch.engine.readers import ReaderUpdate
 from layerwatch.engine.seam import QueueSink, ResultBatch, RunStatus
@@ -82,6 +84,11 @@ class LivePipeline:
         process-wide setting, so only a front end that owns the process turns it on (before
         ``start()``)."""
         self._freezer: HeapFreezer | None = None
+        self.share_gil = False
+        """Hand the GIL back to a UI thread within ~1 ms while the worker runs, and leave
+        full collections to the freezer (:mod:`.gil_share`): process-wide like
+        ``freeze_heap``, so only a front end with a UI thread that owns the process turns it
+        on (before ``start()``); put back when the worker ends."""
         from layerwatch.engine.session.ranks import spread_for
 
         self._spread = spread_for(golden.dir, target.dir) if golden is not None else None
@@ -147,8 +154,14 @@ class LivePipeline:
 
     # --- the worker ------------------------------------------------------------------------
     def _run(self) -> None:
+        turns = (
+            ui_first(freezer_collects=self._freezer is not None)
+            if self.share_gil
+            else contextlib.nullcontext()
+        )
         try:
-            self._loop()
+            with turns:  # the settings are back before ``done`` is set
+                self._loop()
         except Exception as exc:  # say so once, keep the results so far, always end
             self._give_up(exc)
         finally:
@@ -238,7 +251,6 @@ class LivePipeline:
                         side.forget_before(below)
                 self._send(result)
                 if result.done:
-                    self.done.set()
                     return
 
     def _route(self, name: str, update: ReaderUpdate | None) -> list[tuple[str, ReaderUpdate]]:

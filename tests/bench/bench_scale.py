@@ -558,7 +558,7 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
     import json
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_tui import Probe, cold_repaint, key_latencies, rss_mb
+    from bench_tui import Probe, cold_repaint, key_latencies, loading_key_latencies, rss_mb
     from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
     from layerwatch.engine.session.core import CompareSession
     from layerwatch.tui.app import LayerwatchApp
@@ -570,18 +570,20 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
             attach_spec(target, idle_s=0, watch=False),
             session=session,
         )
-        source.freeze_heap = True  # as tui/app.py run_app sets it for `open`
+        source.freeze_heap = True  # as tui/app.py run_app sets them for `open`
+        source.share_gil = True
         app = LayerwatchApp(source, title="bench-scale", color_system="truecolor")
         start_rss = rss_mb()[0]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         async with app.run_test(size=(200, 50)) as pilot:
             await pilot.pause(0.3)
             probe = Probe(app)
-            loading_keys: list[float] = []
-            while not source.done.is_set():  # keys while the session reads and compares
-                loading_keys += await key_latencies(app, probe, 5, near_tail=False)
+            # keys while the session reads and compares, every one moving the cursor
+            loading_keys, loading_lost = await loading_key_latencies(app, probe, source.done)
             loading_frames = list(probe.frames)
             loaded_s = time.perf_counter() - t0
+            load_cpu_s = time.process_time() - c0
+            load_avg = os.getloadavg()[0]
             await pilot.pause(1.0)  # the last batches drained into the grid
             cold_cpu: list[float] = []
             colds = [cold_repaint(app, cold_cpu) for _ in range(20)]
@@ -597,6 +599,8 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
             "pairs": len(session.settled),
             "tokens": app.model.n_tokens,
             "loaded_s": loaded_s,
+            "load_cpu_s": load_cpu_s,
+            "load_avg": load_avg,
             "start_rss_mb": start_rss,
             "rss_mb": rss,
             "peak_rss_mb": peak,
@@ -606,6 +610,7 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
             "keys": keys,
             "loading_frames": loading_frames,
             "loading_keys": loading_keys,
+            "loading_lost": loading_lost,
         }
 
     print("@@TUI" + json.dumps(asyncio.run(run())), flush=True)
@@ -854,10 +859,11 @@ def main() -> None:
         t = tui_figures(args.work, pairs, args.tensors)
         print(
             f"TUI over open, {t['pairs']:,} pairs ({t['tokens']} tokens): loaded in "
-            f"{t['loaded_s']:.1f} s; cold repaint {_ms(t['cold_repaint'])} (UI-thread CPU "
+            f"{t['loaded_s']:.1f} s ({t['load_cpu_s']:.1f} s CPU, load average "
+            f"{t['load_avg']:.1f}); cold repaint {_ms(t['cold_repaint'])} (UI-thread CPU "
             f"{_ms(t['cold_repaint_cpu'])}); frame {_ms(t['frames'])};"
             f" key→frame {_ms(t['keys'])}; while loading: frame {_ms(t['loading_frames'])}, "
-            f"key→frame {_ms(t['loading_keys'])}; RSS {t['rss_mb']:.0f} MB, peak "
+            f"key→frame {_ms(t['loading_keys'])} ({t['loading_lost']} with no frame in 2 s); RSS {t['rss_mb']:.0f} MB, peak "
             f"{t['peak_rss_mb']:.0f} MB (start {t['start_rss_mb']:.0f} MB)",
             flush=True,
         )

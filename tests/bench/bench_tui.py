@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from textual.strip import Strip
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -197,10 +198,22 @@ class Probe:
         GIL held by the producer thread or for other processes on a shared machine."""
         self.bytes: list[int] = []
         self.last_frame_end = 0.0
+        self.shown: dict[tuple[int, int], float] = {}
+        """Cursor cell (row, column) → end of the last frame that painted the cursor there."""
+        self._painted: list[tuple[int, int]] = []
         self.console = Console(color_system="truecolor", force_terminal=True, file=io.StringIO())
         screen = app.screen
         original = screen._on_timer_update
         display = app._display
+        grid = screen.query_one(LayerGrid)
+        render_line = grid.render_line
+
+        def painting_line(y: int) -> Strip:
+            strip = render_line(y)
+            top = grid._frame.top if grid._frame is not None else int(grid.scroll_offset.y)
+            if y > 0 and top + y - 1 == grid.cursor_row:
+                self._painted.append((grid.cursor_row, grid.cursor_col))
+            return strip
 
         def timed_update() -> None:
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -209,6 +222,11 @@ class Probe:
             self.frames.append(t1 - t0)
             self.cpu.append(time.thread_time() - c0)
             self.last_frame_end = t1
+            for cell in self._painted:
+                self.shown[cell] = t1
+            self._painted.clear()
+
+        grid.render_line = painting_line  # type: ignore[method-assign]
 
         def encoding_display(screen, renderable) -> None:
             display(screen, renderable)
@@ -220,10 +238,37 @@ class Probe:
         app._display = encoding_display
 
 
+async def key_to_frame(
+    app: LayerwatchApp, probe: Probe, key: str, timeout: float = 2.0
+) -> float | None:
+    """Seconds from handing ``key`` to the driver to the end of the first frame that painted
+    the cursor on its new cell (``Probe.shown``); ``None`` when it did not move the cursor,
+    ``timeout`` when it moved it but no frame showed it in time.
+
+    Waiting instead for the first frame to end after this loop *noticed* the move (as before)
+    missed the frame whenever it ran before the loop woke up, and counted the next one: a
+    frame later than the key's own, ~10-20 ms more in the median once loaded."""
+    grid = app.screen.query_one(LayerGrid)
+    before = (grid.cursor_row, grid.cursor_col)
+    event = events.Key(key, key if len(key) == 1 else None)
+    event.set_sender(app)
+    t0 = time.perf_counter()
+    app._driver.send_message(event)
+    while True:
+        await asyncio.sleep(0.0005)
+        now = time.perf_counter()
+        cell = (grid.cursor_row, grid.cursor_col)
+        if cell != before and probe.shown.get(cell, 0.0) >= t0:
+            return probe.shown[cell] - t0
+        if now - t0 > timeout:
+            return timeout if cell != before else None
+
+
 async def key_latencies(
     app: LayerwatchApp, probe: Probe, presses: int, near_tail: bool
 ) -> list[float]:
-    """Send keys one at a time; each one's latency is key event → first frame after the move.
+    """Send keys one at a time; each one's latency is key event → the first frame that shows
+    the moved cursor (:func:`key_to_frame`); keys that did not move it are left out.
 
     ``near_tail``: keep the cursor among the newest rows, whose cells the stream keeps
     updating, so each frame also repaints changed rows (the worst case for a key)."""
@@ -236,22 +281,38 @@ async def key_latencies(
     keys = ["j", "k", "l", "h"] if near_tail else ["j", "k", "l", "h", "pagedown", "pageup"]
     for i in range(presses):
         key = keys[i % 2] if i % 3 == 0 else rng.choice(keys)
-        before = (grid.cursor_row, grid.cursor_col)
-        event = events.Key(key, key if len(key) == 1 else None)
-        event.set_sender(app)
-        t0 = time.perf_counter()
-        app._driver.send_message(event)
-        deadline = t0 + 2.0
-        moved_at = None
-        while time.perf_counter() < deadline:
-            await asyncio.sleep(0.0005)
-            if moved_at is None and (grid.cursor_row, grid.cursor_col) != before:
-                moved_at = time.perf_counter()
-            if moved_at is not None and probe.last_frame_end >= moved_at - 0.0005:
-                latencies.append(probe.last_frame_end - t0)
-                break
+        latency = await key_to_frame(app, probe, key)
+        if latency is not None:
+            latencies.append(latency)
         await asyncio.sleep(rng.uniform(0.05, 0.15))
     return latencies
+
+
+async def loading_key_latencies(
+    app: LayerwatchApp, probe: Probe, until: threading.Event, timeout: float = 2.0
+) -> tuple[list[float], int]:
+    """Keys while a session loads, until ``until`` is set: j, l, k, h from a middle row, so
+    every key moves the cursor while tokens keep arriving below it (``key_latencies`` parks
+    the cursor on the last row, where ``j`` and page-down do not move and their samples were
+    lost). A key with no frame within ``timeout`` counts as ``timeout`` seconds, not as
+    nothing. Returns the latencies and how many keys timed out."""
+    grid = app.screen.query_one(LayerGrid)
+    grid.set_following(False)
+    while app.model.n_tokens < 3 and not until.is_set():
+        await asyncio.sleep(0.05)
+    grid.move_cursor(app.model.n_tokens // 2, 10)
+    await asyncio.sleep(0.1)
+    latencies: list[float] = []
+    lost = 0
+    rng = random.Random(1)
+    i = 0
+    while not until.is_set():
+        latency = await key_to_frame(app, probe, ("j", "l", "k", "h")[i % 4], timeout)
+        i += 1
+        latencies.append(timeout if latency is None else latency)
+        lost += latency is None or latency >= timeout
+        await asyncio.sleep(rng.uniform(0.05, 0.15))
+    return latencies, lost
 
 
 def cold_repaint(app: LayerwatchApp, cpu: list[float] | None = None) -> float:
