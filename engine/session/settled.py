@@ -27,7 +27,7 @@ from layerwatch.engine.seam import CellUpdate
 from layerwatch.engine.session.cell_table import CellTable
 from layerwatch.engine.session.cells import aggregate, is_failure
 from layerwatch.engine.session.findings import failure_key
-from layerwatch.engine.session.store import CHUNK, ResultStore
+from layerwatch.engine.session.store import CHUNK, READ_ROWS, ResultStore
 
 EXTRA = np.dtype(
     [
@@ -149,8 +149,29 @@ class SettledTokens:
         return self.cells.cells_of(token)
 
     def results(self, rows: Iterable[int] | None = None) -> Iterator[PairResult]:
-        for i in range(len(self.store)) if rows is None else rows:
-            yield self.result(i)
+        if rows is None:
+            rows = range(len(self.store))
+        if not isinstance(rows, range) or rows.step != 1:
+            for i in rows:
+                yield self.result(i)
+            return
+        for start in range(rows.start, rows.stop, READ_ROWS):
+            yield from self._results_between(start, min(start + READ_ROWS, rows.stop))
+
+    def _results_between(self, start: int, stop: int) -> list[PairResult]:
+        """:meth:`result` of rows ``[start, stop)``, read together (a report reads every row)."""
+        out, extra = self.store.results_between(start, stop)
+        values = self.store.strings.values
+        sources = [extra["g_source"].tolist(), extra["t_source"].tolist()]
+        stats = list(zip(*(extra[name].tolist() for name in _STATS), strict=True))
+        for j, result in enumerate(out):
+            for k, record in enumerate((result.golden, result.target)):
+                if record is not None and sources[k][j] >= 0:
+                    record.source = values[sources[k][j]]
+            row_stats = self._wide.get(start + j) or stats[j]
+            result.golden_stats = _unstats(row_stats[:3]) if result.golden is not None else None
+            result.target_stats = _unstats(row_stats[3:]) if result.target is not None else None
+        return out
 
     def ranks(self) -> set[int]:
         """The ranks among the settled pairs (read a chunk at a time)."""
