@@ -321,8 +321,10 @@ class CompareSession(SessionState):
         for token in tokens:
             with self._lock:
                 out = live.pop(token, [])
+                mixed = bool(out)
                 out.extend(self.settled.results(self.settled.rows_of(token)))
-            out.sort(key=findings.report_key)
+            if mixed:  # settled rows alone are stored in report order (``_settle_token``)
+                out.sort(key=findings.report_key)
             yield out
 
     def cells(self) -> dict[tuple[int, int], CellUpdate]:

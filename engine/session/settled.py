@@ -168,9 +168,11 @@ class SettledTokens:
             for k, record in enumerate((result.golden, result.target)):
                 if record is not None and sources[k][j] >= 0:
                     record.source = values[sources[k][j]]
-            row_stats = self._wide.get(start + j) or stats[j]
-            result.golden_stats = _unstats(row_stats[:3]) if result.golden is not None else None
-            result.target_stats = _unstats(row_stats[3:]) if result.target is not None else None
+            gmax, gmin, gmean, tmax, tmin, tmean = self._wide.get(start + j) or stats[j]
+            if result.golden is not None and not (gmax != gmax and gmin != gmin and gmean != gmean):
+                result.golden_stats = Stats(gmax, gmin, gmean, math.nan)
+            if result.target is not None and not (tmax != tmax and tmin != tmin and tmean != tmean):
+                result.target_stats = Stats(tmax, tmin, tmean, math.nan)
         return out
 
     def ranks(self) -> set[int]:

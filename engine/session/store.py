@@ -446,13 +446,18 @@ class ResultStore:
         """``count`` metric values from ``pos`` of the pool (one read where all are on disk)."""
         if self._files and pos + count <= self._files[1].chunks * POOL_CHUNK:
             return self._files[1].read(pos, count).tolist()
-        out = []
-        for at in range(pos, pos + count):
-            chunk = self._pool[at // POOL_CHUNK]
-            if chunk is None:
-                out.append(float(self._files[1].read(at, 1)[0]))
-            else:
-                out.append(float(chunk[at % POOL_CHUNK]))
+        out: list[float] = []
+        at, stop = pos, pos + count
+        while at < stop:
+            k, i = divmod(at, POOL_CHUNK)
+            take = min(stop - at, POOL_CHUNK - i)
+            chunk = self._pool[k]
+            out += (
+                self._files[1].read(at, take).tolist()
+                if chunk is None
+                else chunk[i : i + take].tolist()
+            )
+            at += take
         return out
 
     def rows_between(self, start: int, stop: int) -> np.ndarray:
@@ -595,8 +600,9 @@ class ResultStore:
             return [], rows
         col = {name: rows[name].tolist() for name in self.dtype.names or ()}
         sets = self.metric_sets.values
+        count_of = {m: sum(c is None for _, c in sets[m]) for m in set(col["mset"])}
         names_of = [sets[m] for m in col["mset"]]
-        counts = [sum(c is None for _, c in names) for names in names_of]
+        counts = [count_of[m] for m in col["mset"]]
         mpos = col["mpos"]
         lo = min(p for p, c in zip(mpos, counts, strict=True) if c) if any(counts) else 0
         hi = max((p + c for p, c in zip(mpos, counts, strict=True) if c), default=lo)
