@@ -618,7 +618,7 @@ class ResultStore:
             )
             metrics = {name: next(got) if const is None else const for name, const in names}
             node_type = v[col["node_type"][j]]
-            sides = []
+            sides: list[TensorRecord | None] = []
             for p in "gt":
                 path = col[f"{p}_path"][j]
                 if path == NO_TENSOR:

@@ -113,6 +113,9 @@ def test_a_live_session_in_the_store_equals_the_whole_run_session(
     assert [_row(r) for part in live.results_by_token() for r in part] == [
         _row(r) for r in whole.results()
     ]
+    # rows read back a block at a time (a report's reads) are the rows read one at a time
+    one_by_one = [repr(live.settled.result(i)) for i in range(len(live.settled))]
+    assert [repr(r) for r in live.settled.results()] == one_by_one
     assert whole.first_failure is not None and whole.divergence is not None
     assert live.first_failure == whole.first_failure
     first = whole.first_failure
