@@ -133,17 +133,7 @@ class SettledTokens:
     def result(self, i: int) -> PairResult:
         """Row ``i`` as the PairResult the session had (records without their statistics: the
         CSV's max/min/mean ride in ``golden_stats``/``target_stats``)."""
-        result = self.store.result(i)
-        extra = self.store._row(i)
-        values = self.store.strings.values
-        for p, record in (("g", result.golden), ("t", result.target)):
-            if record is not None and extra[f"{p}_source"] >= 0:
-                record.source = values[extra[f"{p}_source"]]
-        wide = self._wide.get(i)
-        stats = wide or tuple(float(extra[name]) for name in _STATS)
-        result.golden_stats = _unstats(stats[:3]) if result.golden is not None else None
-        result.target_stats = _unstats(stats[3:]) if result.target is not None else None
-        return result
+        return self._results_between(i, i + 1)[0]
 
     def cells_of(self, token: int) -> Iterator[CellUpdate]:
         return self.cells.cells_of(token)
@@ -291,9 +281,3 @@ def _stats(stats: Stats | None, computed: Stats | None) -> tuple[float, float, f
 def _narrow(value: float) -> bool:
     """float32 holds ``value`` exactly (NaN and infinities included)."""
     return value != value or float(np.float32(value)) == value
-
-
-def _unstats(values: tuple[float, ...]) -> Stats | None:
-    if all(v != v for v in values):
-        return None
-    return Stats(values[0], values[1], values[2], math.nan)

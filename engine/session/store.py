@@ -555,40 +555,43 @@ class ResultStore:
         the pair has no tensor on that side."""
         row = self._row(i)
         p = side[0]
-        path = int(row[f"{p}_path"])
+        return self._record(
+            self.key(i),
+            self.strings.values[row["node_type"]],
+            int(row[f"{p}_path"]),
+            int(row[f"{p}_offset"]),
+            int(row[f"{p}_nbytes"]),
+            self.strings.values[row[f"{p}_dtype"]],
+            self.shapes.values[row[f"{p}_shape"]],
+        )
+
+    def _record(
+        self,
+        key: TensorKey,
+        node_type: str,
+        path: int,
+        offset: int,
+        nbytes: int,
+        dtype: str,
+        shape: tuple[int, ...],
+    ) -> TensorRecord | None:
+        """A side's record from its stored fields (:meth:`record`, :meth:`results_between`)."""
         if path == NO_TENSOR:
             return None
-        key = self.key(i)
-        dtype = self.strings.values[row[f"{p}_dtype"]]
-        shape = self.shapes.values[row[f"{p}_shape"]]
         loc = None
         if path >= 0:
             loc = Locator(
                 self.strings.values[path].replace(TOKEN_MARK, str(key.token)),
-                int(row[f"{p}_offset"]),
-                int(row[f"{p}_nbytes"]),
+                offset,
+                nbytes,
                 dtype,
                 shape,
             )
-        return TensorRecord(key, dtype, shape, loc, node_type=self.strings.values[row["node_type"]])
+        return TensorRecord(key, dtype, shape, loc, node_type=node_type)
 
     def result(self, i: int) -> PairResult:
         """The pair as a PairResult (records without statistics: compare again for those)."""
-        row = self._row(i)
-        verdict = _VERDICTS[int(row["verdict"])]
-        return PairResult(
-            self.key(i),
-            verdict,
-            self.metrics(i),
-            self.failed_sets.values[row["failed"]],
-            self.strings.values[row["reason"]],
-            self.record(i, "golden"),
-            self.record(i, "target"),
-            order=int(row["order"]),
-            node_type=self.strings.values[row["node_type"]],
-            block=int(row["block"]),
-            is_logits=bool(row["logits"]),
-        )
+        return self.results_between(i, i + 1)[0][0]
 
     def results_between(self, start: int, stop: int) -> tuple[list[PairResult], np.ndarray]:
         """Rows ``[start, stop)`` as :meth:`result` gives them, and the rows themselves: one
@@ -618,23 +621,18 @@ class ResultStore:
             )
             metrics = {name: next(got) if const is None else const for name, const in names}
             node_type = v[col["node_type"][j]]
-            sides: list[TensorRecord | None] = []
-            for p in "gt":
-                path = col[f"{p}_path"][j]
-                if path == NO_TENSOR:
-                    sides.append(None)
-                    continue
-                dtype, shape = v[col[f"{p}_dtype"][j]], shapes[col[f"{p}_shape"][j]]
-                loc = None
-                if path >= 0:
-                    loc = Locator(
-                        v[path].replace(TOKEN_MARK, str(token)),
-                        col[f"{p}_offset"][j],
-                        col[f"{p}_nbytes"][j],
-                        dtype,
-                        shape,
-                    )
-                sides.append(TensorRecord(key, dtype, shape, loc, node_type=node_type))
+            sides = [
+                self._record(
+                    key,
+                    node_type,
+                    col[f"{p}_path"][j],
+                    col[f"{p}_offset"][j],
+                    col[f"{p}_nbytes"][j],
+                    v[col[f"{p}_dtype"][j]],
+                    shapes[col[f"{p}_shape"][j]],
+                )
+                for p in "gt"
+            ]
             out.append(
                 PairResult(
                     key,
