@@ -210,7 +210,7 @@ _N_MSIT = len(MSIT_METRICS)
 
 def csv_line(result: PairResult, data_id: int) -> str:
     """One report line: the cells of :func:`csv_row` as ``csv.writer`` writes them, ending in
-    ``\\n`` (the same bytes, ``tests/engine/test_report_lines.py``), without a call a cell."""
+    ``\\n`` (the same bytes, ``tests/engine/test_pair_rate_paths.py``), without a call a cell."""
     get = result.metrics.get
     numbers = [
         ""
