@@ -414,7 +414,7 @@ class SessionState:
         if self._diverge_at is not None and pair.gkey.token >= self._diverge_at:
             own = raw.verdict.value + (f": {raw.reason}" if raw.reason else "")
             verdict, reason = Verdict.DIVERGED, f"{self._diverge_reason} (by itself: {own})"
-        return PairResult(
+        return PairResult(  # positional: ~1 µs less than six keywords, a pair
             pair.gkey,
             verdict,
             metrics,
@@ -422,12 +422,12 @@ class SessionState:
             reason,
             golden,
             target,
-            order=self._order_of("golden", golden),
-            node_type=node_type,
-            block=self._layout.block_of(pair.gkey.node, part_of(pair.gkey.stem)),
-            is_logits=pair.logits,
-            golden_stats=raw.golden_stats,
-            target_stats=raw.target_stats,
+            self._order_of("golden", golden),  # order
+            node_type,
+            self._layout.block_of(pair.gkey.node, part_of(pair.gkey.stem)),  # block
+            pair.logits,  # is_logits
+            raw.golden_stats,
+            raw.target_stats,
         )
 
     def _inputs(self, key: TensorKey) -> list[PairResult | None]:
@@ -522,6 +522,8 @@ class SessionState:
 
     # --- cells -----------------------------------------------------------------------------
     def _cell_for(self, member: Member) -> tuple[int, int] | None:
+        if not self._layout.blocks:
+            return None  # no columns yet (a fresh session's records): what block_of says
         tag, key = member
         node = key.node
         if tag == "t":
