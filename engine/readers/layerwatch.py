@@ -56,6 +56,7 @@ def detect(path: Path) -> bool:
     return any(e.is_dir() and is_rank_dir(Path(e.path)) for e in scandir(path))
 
 
+_new_tuple = tuple.__new__
 DECODE_LINES = 512
 """Index lines decoded by one ``json.loads`` (a block, so a big index never becomes one list)."""
 FORCED_NOTES = 3
@@ -307,8 +308,9 @@ class LayerwatchReader(DirectoryReader):
             except ValueError:
                 objs = None
             if isinstance(objs, list):
+                apply = self._apply
                 for obj in objs:
-                    self._apply(state, obj, update)
+                    apply(state, obj, update)
                 continue
             for lineno, line in enumerate(block, first):  # a corrupt line in the block
                 if not line.strip():
@@ -407,7 +409,8 @@ class LayerwatchReader(DirectoryReader):
         except (KeyError, TypeError):
             shape = tuple(int(d) for d in raw_shape)
             shape = self._shapes.setdefault(shape, shape)
-        key = TensorKey(int(obj["token"]), node, stem, state.rank)
+        # TensorKey(token, node, stem, rank) without the named tuple's Python-level __new__
+        key = _new_tuple(TensorKey, (int(obj["token"]), node, stem, state.rank))
         order = int(get("order", -1))
         file = str(get("file", ""))
         loc = None

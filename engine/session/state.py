@@ -258,14 +258,16 @@ class SessionState:
         if want is not None:
             self._gonly.discard(gkey)
             self._tonly.discard(want)
-            self._unplace(("t", want))
-            self._changed.discard(("t", want))
+            tmember: Member = ("t", want)
+            self._unplace(tmember)
+            self._changed.discard(tmember)
             logits = self._want_logits(gkey)
             self._pairs[gkey] = _Pair(gkey, want, logits)
             self._n_logits += logits
             self._todo.add(gkey)
-        self._changed.add(("g", gkey))
-        self._dirty_member(("g", gkey))
+        member: Member = ("g", gkey)
+        self._changed.add(member)
+        self._dirty_member(member)
 
     def _requeue(self, pair: _Pair) -> None:
         self._drop_eff(pair)
@@ -487,14 +489,16 @@ class SessionState:
             and old.failed == new.failed
         ):
             return
-        self._drop_eff(pair)
+        if old is not None:  # (a first result has nothing to take back)
+            self._drop_eff(pair)
         pair.eff = new
         self._counts[new.verdict] += 1
         if is_failure(new):
             self._fails[pair.gkey.token].add(pair.gkey)
             self._logits_fails[pair.gkey.token] += new.is_logits
-        self._changed.add(("g", pair.gkey))
-        self._dirty_member(("g", pair.gkey))
+        member: Member = ("g", pair.gkey)
+        self._changed.add(member)
+        self._dirty_member(member)
         self._findings_dirty = True
         if part_of(pair.gkey.stem) == "input":  # the node's outputs are judged against it
             key = pair.gkey
@@ -697,11 +701,10 @@ class SessionState:
         if record is None or not _is_float(record.dtype):
             return False
         node, vocab = self._logits
-        shape = tuple(record.shape)
         root = self._layout_topo.root if self._layout_topo is not None else "root"
         if gkey.node == node and node != root:
-            return logits_shaped(shape, one_row=True)
-        if gkey.node != root or not logits_shaped(shape):
+            return logits_shaped(tuple(record.shape), one_row=True)
+        if gkey.node != root or not logits_shaped(tuple(record.shape)):
             return False  # a 1-D root output, or a last axis beyond any vocabulary: plain
         if gkey.stem == "output_logits":
             return True

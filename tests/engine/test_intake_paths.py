@@ -108,6 +108,7 @@ def test_tensor_lines_make_the_records_the_step_by_step_code_made(tmp_path: Path
     assert not update.notes
     assert update.tensors == [_reference(o, rank_dir) for o in objs]
     for record in update.tensors:
+        assert type(record.key) is TensorKey and record.key.stem == record.key[2]
         assert type(record.key.node) is str and type(record.shape) is tuple
         assert record.loc is None or type(record.loc) is Locator
 
@@ -117,6 +118,7 @@ _STEMS = ["output", "output_2", "output_10", "input_0", "input_hidden_states", "
 
 
 def test_remembered_stem_keys_are_the_split_they_remember(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(findings, "_STEM_KEYS", {})
     monkeypatch.setattr(findings, "_STEM_KEYS_MAX", 4)  # the table clears itself when full
     for _ in range(3):
         for stem in _STEMS:
