@@ -35,7 +35,14 @@ from layerwatch.engine.readers.index_columns import (
     tensor_lines,
 )
 from layerwatch.engine.readers.load import canonical_dtype
-from layerwatch.engine.records import Locator, ParamPrint, TensorKey, TensorRecord, Topology
+from layerwatch.engine.records import (
+    Locator,
+    ParamPrint,
+    TensorKey,
+    TensorRecord,
+    Topology,
+    plain_locator,
+)
 
 
 def is_rank_dir(path: Path) -> bool:
@@ -49,6 +56,7 @@ def detect(path: Path) -> bool:
     return any(e.is_dir() and is_rank_dir(Path(e.path)) for e in scandir(path))
 
 
+_new_tuple = tuple.__new__
 DECODE_LINES = 512
 """Index lines decoded by one ``json.loads`` (a block, so a big index never becomes one list)."""
 FORCED_NOTES = 3
@@ -300,8 +308,9 @@ class LayerwatchReader(DirectoryReader):
             except ValueError:
                 objs = None
             if isinstance(objs, list):
+                apply = self._apply
                 for obj in objs:
-                    self._apply(state, obj, update)
+                    apply(state, obj, update)
                 continue
             for lineno, line in enumerate(block, first):  # a corrupt line in the block
                 if not line.strip():
@@ -323,9 +332,12 @@ class LayerwatchReader(DirectoryReader):
             except (KeyError, TypeError, ValueError, LayerwatchError) as exc:
                 update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad tensor line ({exc})")
                 return
-            seen = state.seen.setdefault(record.key.token, set())
-            if record.key not in seen:
-                seen.add(record.key)
+            key = record.key
+            seen = state.seen.get(key.token)
+            if seen is None:
+                seen = state.seen[key.token] = set()
+            if key not in seen:
+                seen.add(key)
                 update.tensors.append(record)
         elif kind == lwf.K_TOKEN:
             try:
@@ -397,7 +409,8 @@ class LayerwatchReader(DirectoryReader):
         except (KeyError, TypeError):
             shape = tuple(int(d) for d in raw_shape)
             shape = self._shapes.setdefault(shape, shape)
-        key = TensorKey(int(obj["token"]), node, stem, state.rank)
+        # TensorKey(token, node, stem, rank) without the named tuple's Python-level __new__
+        key = _new_tuple(TensorKey, (int(obj["token"]), node, stem, state.rank))
         order = int(get("order", -1))
         file = str(get("file", ""))
         loc = None
@@ -407,16 +420,11 @@ class LayerwatchReader(DirectoryReader):
             source = state.files.get(file) or state.files.setdefault(
                 file, os.path.join(state.path, file)
             )  # one string per data file, shared by its records
-            loc = Locator(source, begin, int(get("end", 0)) - begin, dtype, shape)
+            loc = plain_locator(source, begin, int(get("end", 0)) - begin, dtype, shape)
+        stats = get("stats")  # null in most lines: stats_from's None without the call
+        # positional: a dataclass's __init__ with eight keywords costs ~1 µs more
         return TensorRecord(
-            key=key,
-            dtype=dtype,
-            shape=shape,
-            loc=loc,
-            stats=stats_from(get("stats")),
-            order=order,
-            node_type=kind,
-            source=source,
+            key, dtype, shape, loc, stats_from(stats) if stats else None, order, kind, source
         )
 
     # --- topology ---------------------------------------------------------------------------

@@ -28,6 +28,9 @@ _STATE = {
     Verdict.UNPAIRED: CellState.EMPTY,
 }
 _LOWER_IS_WORSE = tuple(name in HIGHER_IS_BETTER for name in GRID_METRICS)
+_GRID = tuple(zip(range(len(GRID_METRICS)), GRID_METRICS, _LOWER_IS_WORSE, strict=True))
+"""(column, metric, lower is worse) of each grid metric: one tuple unpacked a metric in
+:func:`aggregate`'s loop (it runs ~5 times a pair), not ``enumerate`` and an index."""
 
 
 def state_of(result: PairResult) -> CellState:
@@ -59,13 +62,13 @@ def aggregate(
             state = s
         if is_failure(result):
             failed += 1
-        metrics = result.metrics
-        for i, name in enumerate(GRID_METRICS):
-            value = metrics.get(name)
+        get = result.metrics.get
+        for i, name, lower in _GRID:
+            value = get(name)
             if value is None or value != value:
                 continue
             current = worst[i]
-            if current != current or (value < current if _LOWER_IS_WORSE[i] else value > current):
+            if current != current or (value < current if lower else value > current):
                 worst[i] = float(value)
     return CellUpdate(token, block, state, tuple(worst), pairs, failed, first_bad)
 
