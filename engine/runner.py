@@ -70,6 +70,14 @@ def _spread_ranks(updates: dict, args: argparse.Namespace) -> None:
 
 
 def compare_main(args: argparse.Namespace) -> int:
+    """``layerwatch compare``: the collector runs rarer meanwhile (engine/live/gc_tuning.py)."""
+    from layerwatch.engine.live.gc_tuning import batch_collections
+
+    with batch_collections():
+        return _compare_main(args)
+
+
+def _compare_main(args: argparse.Namespace) -> int:
     from layerwatch.capture.tokens import parse_tokens
     from layerwatch.engine.numerics.blas import env_before_numpy
 

@@ -295,7 +295,10 @@ def present(pipeline: Any, args: argparse.Namespace, title: str, *, live: bool =
             print(
                 "layerwatch: not a terminal; printing results instead of the TUI", file=sys.stderr
             )
-    return headless(pipeline, args, live=live)
+    from layerwatch.engine.live.gc_tuning import batch_collections
+
+    with batch_collections():  # no UI thread to keep frames for
+        return headless(pipeline, args, live=live)
 
 
 def headless(

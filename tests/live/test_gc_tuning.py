@@ -121,3 +121,83 @@ def test_the_freezer_gives_freed_heap_pages_back() -> None:
     got = _run(TRIM)
     freed = 20_000 * 8192
     assert got["before"] - got["after"] > freed // 2, got
+
+
+BATCH = """
+import gc, json, sys
+from layerwatch.engine import runner
+from layerwatch.engine.live.gc_tuning import BATCH_THRESHOLDS
+from layerwatch.tui.cli import build_parser
+
+args = build_parser().parse_args(
+    ["compare", sys.argv[1], sys.argv[2], "-o", sys.argv[3], "--jobs", "1"])
+gc.set_threshold(700, 10, 10)
+inner, during = runner._compare_main, []
+
+def watched(args):
+    during.append(gc.get_threshold())
+    try:
+        return inner(args)
+    finally:
+        during.append(gc.get_threshold())
+
+runner._compare_main = watched
+code = runner.compare_main(args)
+print(json.dumps({"code": code, "during": during, "after": gc.get_threshold(),
+                  "batch": BATCH_THRESHOLDS}))
+"""
+
+
+def test_compare_collects_less_often_and_puts_the_thresholds_back(tmp_path: Path) -> None:
+    golden, target = FIXTURES / "tensor_golden", FIXTURES / "tensor_target"
+    seen = _run(BATCH, str(golden), str(target), str(tmp_path / "report.csv"))
+    assert seen["code"] in (0, 1)
+    assert seen["during"] == [seen["batch"], seen["batch"]]  # from the compare's start to its end
+    assert seen["after"] == [700, 10, 10]
+    assert (tmp_path / "report.csv").stat().st_size > 0
+
+
+def test_batch_collections_leave_thresholds_someone_else_changed() -> None:
+    import gc
+
+    from layerwatch.engine.live.gc_tuning import BATCH_THRESHOLDS, batch_collections
+
+    before = gc.get_threshold()
+    try:
+        with batch_collections():
+            assert gc.get_threshold() == BATCH_THRESHOLDS
+        assert gc.get_threshold() == before
+        with batch_collections():
+            gc.set_threshold(123, 4, 5)
+        assert gc.get_threshold() == (123, 4, 5)
+    finally:
+        gc.set_threshold(*before)
+
+
+HEADLESS = """
+import gc, json, sys
+from layerwatch.engine.live.gc_tuning import BATCH_THRESHOLDS
+from layerwatch.tui import frontends
+from layerwatch.tui.cli import main
+
+gc.set_threshold(700, 10, 10)
+inner, during = frontends.headless, []
+
+def watched(*args, **kwargs):
+    during.append(gc.get_threshold())
+    return inner(*args, **kwargs)
+
+frontends.headless = watched
+code = main(["open", sys.argv[1], sys.argv[2], "--headless", "-o", sys.argv[3]])
+print(json.dumps({"code": code, "during": during, "after": gc.get_threshold(),
+                  "batch": BATCH_THRESHOLDS}))
+"""
+
+
+def test_open_headless_collects_less_often_and_puts_the_thresholds_back(tmp_path: Path) -> None:
+    golden, target = FIXTURES / "tensor_golden", FIXTURES / "tensor_target"
+    seen = _run(HEADLESS, str(golden), str(target), str(tmp_path / "report.csv"))
+    assert seen["code"] in (0, 1)
+    assert seen["during"] == [seen["batch"]]
+    assert seen["after"] == [700, 10, 10]
+    assert (tmp_path / "report.csv").stat().st_size > 0
