@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from . import format as fmt
 from . import keep
@@ -124,12 +123,12 @@ class LayerwatchWriter(WriterThread):
             elif kind is WeightItem:
                 weights.append(it)
         if self.want_stats and ok:
-            rows = batch_stats([it.tensor for it in ok], [it.dtype for it in ok])
+            rows = batch_stats([it.tensor for it in ok], [it.dtype_name for it in ok])
             for it, row in zip(ok, rows, strict=True):
                 it.stats = row
         payload: list[Any] = weights
         if self.want_payload:
-            payload += [it for it in ok if it.dtype in SAFETENSORS_DTYPE]
+            payload += [it for it in ok if it.dtype_name in SAFETENSORS_DTYPE]
         if payload:
             self._write_data_file(payload)
         if self.ring is not None:
@@ -221,12 +220,13 @@ class LayerwatchWriter(WriterThread):
             if type(it) is WeightItem:
                 parts.append(
                     f'{quote(f"weights/{it.node}.{it.param}")}:{{"dtype":'
-                    f'"{SAFETENSORS_DTYPE[data.dtype]}","shape":[{shape_text(data.shape)}],'
+                    f'"{SAFETENSORS_DTYPE[dtype_name(data.dtype)]}","shape":[{shape_text(data.shape)}],'
                     f'"data_offsets":[{offset},{end}]}}'
                 )
             else:
                 parts.append(
-                    f"{tensor_entry(it.token, it.node, it.stem, it.dtype, it.shape, offset)}{end}]}}"
+                    f"{tensor_entry(it.token, it.node, it.stem, it.dtype_name, it.shape, offset)}"
+                    f"{end}]}}"
                 )
             views.append(view)
             it.begin, it.end = offset, end
@@ -279,7 +279,9 @@ class LayerwatchWriter(WriterThread):
             write_json_fast(self.run_dir / fmt.MANIFEST, self.manifest("error: " + message))
 
 
-def _plain_tensor(data: torch.Tensor) -> bool:
+def _plain_tensor(data: Any) -> bool:
     """A copy we can reduce and write (strided, real, not on the meta device); others are
     indexed with dtype and shape only (complex rotary tables, sparse masks...)."""
+    import torch
+
     return data.layout is torch.strided and data.device.type != "meta" and not data.is_complex()
