@@ -240,6 +240,11 @@ def _make_writer(
         "argv": list(sys.argv),
         **(ranks.describe() if ranks is not None else {}),
     }
+    from . import writer_process
+
+    if writer_process.wanted(config, device.type) and ranks is None:
+        run_dir = config.path / fmt.rank_dir_name(label, pid)
+        return writer_process.ProcessWriter(config, run_dir, build_topology(model), meta)
     if config.format == "msit":
         from .msit_writer import MsitWriter, msit_run_dir
 
@@ -278,6 +283,7 @@ def _forget_in_child() -> None:
         if handle._writer is not None:
             handle._writer.queue.drain()
             handle._writer._closed = True
+            handle._writer.forget()
     _OPEN.clear()
     heap.forget()  # the child keeps the frozen heap (no copy-on-write of it) as its own
 

@@ -126,6 +126,22 @@ def write_batch_parts(path: Path, parts: list[str], views: list[Any]) -> int:
     one buffer, so the file takes a handful of ``writev`` calls and no per-tensor
     ``memoryview``; large payloads are written from their own memory, never copied.
     """
+    buffers = joined(views)
+    parts.append('"__metadata__":{"format":"pt","writer":"layerwatch"}')
+    raw = ("{" + ",".join(parts) + "}").encode()
+    raw += b" " * (-len(raw) % 8)
+    with replacing(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _writev_all(fd, [struct.pack("<Q", len(raw)) + raw, *buffers], str(tmp))
+        finally:
+            os.close(fd)
+    return 8 + len(raw)
+
+
+def joined(views: list[Any]) -> list[Any]:
+    """``views`` as few buffers: each run of small ones joined into one, large ones as they are
+    (the data file and the writer process's pipe, ``capture/writer_process.py``)."""
     buffers: list[Any] = []
     small: list[Any] = []
     for view in views:
@@ -138,16 +154,7 @@ def write_batch_parts(path: Path, parts: list[str], views: list[Any]) -> int:
             buffers.append(view)
     if small:
         buffers.append(b"".join(small))
-    parts.append('"__metadata__":{"format":"pt","writer":"layerwatch"}')
-    raw = ("{" + ",".join(parts) + "}").encode()
-    raw += b" " * (-len(raw) % 8)
-    with replacing(path) as tmp:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _writev_all(fd, [struct.pack("<Q", len(raw)) + raw, *buffers], str(tmp))
-        finally:
-            os.close(fd)
-    return 8 + len(raw)
+    return buffers
 
 
 def write_json_fast(path: Path, obj: Any) -> None:

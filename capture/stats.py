@@ -138,9 +138,7 @@ def _finish_host(
         rows[i] = row if ok else exact_stats(as_torch(datas[i], dtypes[i]))
 
 
-def _host_segmented(
-    arrays: list[np.ndarray], dtypes: list[str]
-) -> tuple[np.ndarray, list[int]]:
+def _host_segmented(arrays: list[np.ndarray], dtypes: list[str]) -> tuple[np.ndarray, list[int]]:
     """``[k, 4]`` float64 rows of max, min, sum, sum of squares per small host array (sums
     accumulate in float64), and the arrays' sizes."""
     if _WIDEN.isdisjoint(dtypes):

@@ -47,8 +47,15 @@ class LayerwatchWriter(WriterThread):
     """Writes ``{dump_path}/{device}_{pid}/`` in the layerwatch format."""
 
     def __init__(
-        self, config: DumpConfig, run_dir: Path, topology: dict[str, Any], meta: dict[str, Any]
+        self,
+        config: DumpConfig,
+        run_dir: Path,
+        topology: dict[str, Any],
+        meta: dict[str, Any],
+        started: float | None = None,
     ) -> None:
+        """``started``: continue the run that the model process set up at that time (the
+        writer process, ``capture/writer_process.py``): no manifest check, no first files."""
         super().__init__(config, run_dir)
         self.topology = topology
         self.meta = meta
@@ -57,17 +64,19 @@ class LayerwatchWriter(WriterThread):
         """Aliases whose bytes are not written yet (they arrive with an outer module's inputs)."""
         self.want_stats = config.want_stats
         self.want_payload = config.want_payload
-        self.started = time.time()
+        self.started = time.time() if started is None else started
         self.ring = None if config.keep_tokens is None else keep.TokenRing(config.keep_tokens)
         """Statistics-first capture: which data files may be deleted (``capture/keep.py``)."""
         try:
-            if (run_dir / fmt.MANIFEST).exists():
-                raise LayerwatchError(
-                    f"{run_dir} already holds a dump of this process: give each model its own dump_path"
-                )
-            (run_dir / fmt.DATA_DIR).mkdir(parents=True, exist_ok=True)
-            write_json_fast(run_dir / fmt.MANIFEST, self.manifest(fmt.STATUS_RUNNING))
-            write_json_fast(run_dir / fmt.TOPOLOGY, topology)
+            if started is None:
+                if (run_dir / fmt.MANIFEST).exists():
+                    raise LayerwatchError(
+                        f"{run_dir} already holds a dump of this process: "
+                        "give each model its own dump_path"
+                    )
+                (run_dir / fmt.DATA_DIR).mkdir(parents=True, exist_ok=True)
+                write_json_fast(run_dir / fmt.MANIFEST, self.manifest(fmt.STATUS_RUNNING))
+                write_json_fast(run_dir / fmt.TOPOLOGY, topology)
             self.index_fd = os.open(
                 run_dir / fmt.INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
             )

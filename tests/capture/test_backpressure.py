@@ -7,6 +7,7 @@ import time
 import torch
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.writer import LayerwatchWriter
+from layerwatch.capture.writer_process import ENV
 from support import lwdump
 from torch import nn
 
@@ -34,6 +35,7 @@ def test_slow_writer_back_pressure_bounds_the_queue(tmp_path, monkeypatch):
         return original(self, items)
 
     monkeypatch.setattr(LayerwatchWriter, "write_items", slow_write)
+    monkeypatch.setenv(ENV, "thread")  # the slow disk is this process's writer
     bound = 512 * 1024
     model = Wide()
     x = torch.randn(128, 128)  # 64 KiB activations
