@@ -31,13 +31,14 @@ writer. ``LAYERWATCH_WRITER=thread`` turns it off (``process`` asks for it on on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import pickle
 import signal
 import struct
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -105,7 +106,7 @@ class ProcessWriter(LayerwatchWriter):
     def start(self) -> None:
         try:
             self._spawn()
-        except (OSError, ValueError, pickle.PicklingError):
+        except (OSError, ValueError, TypeError):  # no process, or a topology JSON cannot hold
             self._go_local()
         super().start()
 
@@ -131,9 +132,11 @@ class ProcessWriter(LayerwatchWriter):
             "topology": self.topology,
             "meta": self.meta,
             "started": self.started,
-            "settings": Settings.of(self.config),
+            "settings": dataclasses.asdict(Settings.of(self.config)),
         }
-        self._send(b"I", pickle.dumps(init, protocol=5), [])
+        # JSON, not pickle: meta's torch version is a torch class (a str to JSON), and all of
+        # it is written as JSON over there anyway
+        self._send(b"I", json.dumps(init).encode(), [])
 
     def _go_local(self) -> None:
         self.local = True
@@ -323,7 +326,7 @@ def _as_tensor(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> Any:
     return torch.from_numpy(raw).view(getattr(torch, name)).reshape(shape)
 
 
-@dataclass
+@dataclasses.dataclass
 class Settings:
     """What the writer process needs of a :class:`DumpConfig` (which holds module types, so
     torch, and cannot cross): the switches the writer reads and the manifest's summary."""
@@ -333,7 +336,7 @@ class Settings:
     want_stats: bool
     want_payload: bool
     keep_tokens: int | None
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, config: DumpConfig) -> Settings:
@@ -362,9 +365,9 @@ def child_main(expected_dir: str) -> None:
     frame = _read_frame(inbox)
     if frame is None or frame[0] != b"I":
         return
-    init = pickle.loads(frame[1])
+    init = json.loads(frame[1])
     writer = LayerwatchWriter(
-        cast(DumpConfig, init["settings"]),
+        cast(DumpConfig, Settings(**init["settings"])),
         Path(init["run_dir"]),
         init["topology"],
         init["meta"],
