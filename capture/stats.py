@@ -48,10 +48,9 @@ def as_torch(data: Any, dtype: torch.dtype | str) -> Tensor:
         return data
     import torch
 
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    want: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     t = torch.from_numpy(data)
-    return t if t.dtype == dtype else t.view(dtype)
+    return t if t.dtype == want else t.view(want)
 
 
 def _host_float(data: np.ndarray, dtype: str) -> np.ndarray:
