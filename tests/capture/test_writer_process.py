@@ -18,7 +18,7 @@ import torch
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.writer_process import ENV, ProcessWriter
 from support import lwdump, tiny_hf
-from torch import nn
+from test_backpressure import Wide  # 9 distinct tensors of 64 KiB a step
 
 pytest.importorskip("transformers")
 
@@ -74,19 +74,6 @@ def test_the_writer_process_writes_the_thread_writers_dump(tmp_path, monkeypatch
     process = _hf_run(tmp_path / "process", "process", monkeypatch, **config)
     _same_dump(thread, process)
     assert lwdump.index(process)[-1]["k"] == "end"
-
-
-class Wide(nn.Module):
-    """Each step emits 9 distinct tensors of 64 KiB."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(128, 128) for _ in range(8))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(tmp_path, monkeypatch):
