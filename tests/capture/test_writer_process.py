@@ -18,7 +18,7 @@ import torch
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.writer_process import ENV, ProcessWriter
 from support import lwdump, tiny_hf
-from test_backpressure import Wide  # 9 distinct tensors of 64 KiB a step
+from support.wide import Wide
 
 pytest.importorskip("transformers")
 
