@@ -131,9 +131,11 @@ class LayerwatchWriter(WriterThread):
                         ok.append(it)
             elif kind is WeightItem:
                 weights.append(it)
-        if self.want_stats and ok:
-            rows = batch_stats([it.tensor for it in ok], [it.dtype_name for it in ok])
-            for it, row in zip(ok, rows, strict=True):
+        # the writer process gets a large array's statistics with it (capture/writer_process.py)
+        todo = [it for it in ok if it.stats is None] if self.want_stats else []
+        if todo:
+            rows = batch_stats([it.tensor for it in todo], [it.dtype_name for it in todo])
+            for it, row in zip(todo, rows, strict=True):
                 it.stats = row
         payload: list[Any] = weights
         if self.want_payload:

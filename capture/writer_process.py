@@ -47,6 +47,7 @@ import numpy as np
 from .config import DumpConfig
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem
 from .safetensors_file import DTYPE_NAMES, _writev_all, dtype_name, joined
+from .stats import SMALL, batch_stats
 from .writer import LayerwatchWriter
 from .writer_thread import FAILURE_TAIL, describe_failure
 
@@ -111,8 +112,10 @@ class ProcessWriter(LayerwatchWriter):
         super().start()
 
     def _spawn(self) -> None:
+        from .launch import ENV_SETTINGS
+
         env = dict(os.environ)
-        env.pop("LAYERWATCH_CAPTURE", None)  # never capture the writer (launch.py's setting)
+        env.pop(ENV_SETTINGS, None)  # never capture the writer, should it ever import torch
         here = os.path.dirname(os.path.abspath(__file__))
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, here],
@@ -187,6 +190,7 @@ class ProcessWriter(LayerwatchWriter):
         add = records.append
         names = DTYPE_NAMES
         ndarray = np.ndarray
+        large: list[tuple[int, np.ndarray]] = []
         for it in items:
             kind = type(it)
             if kind is TensorItem:
@@ -199,9 +203,12 @@ class ProcessWriter(LayerwatchWriter):
                     data = it.tensor
                     name = names.get(it.dtype) or dtype_name(it.dtype)
                     if type(data) is ndarray:
+                        size = data.size
+                        if size >= SMALL:
+                            large.append((len(records), data))
                         add(
                             (_FRESH, it.token, it.node, it.stem, it.node_type, it.order, seq,
-                             name, data.dtype, data.shape, data.size)
+                             name, data.dtype, data.shape, size, None)
                         )  # fmt: skip
                         payload.append(data)
                     else:
@@ -221,6 +228,13 @@ class ProcessWriter(LayerwatchWriter):
                 add((_TOPOLOGY, it.order))
             else:
                 raise TypeError(f"the writer process cannot write a {kind.__name__}")
+        if large and self.want_stats:
+            # Reduced here, where torch is loaded, with the kernels the thread writer uses for
+            # them (stats.py reduces each large array alone): the process stays torch-free.
+            # Small ones stay there: their statistics depend on the batch they are reduced in.
+            rows = batch_stats([d for _, d in large], [records[i][7] for i, _ in large])
+            for (i, _), row in zip(large, rows, strict=True):
+                records[i] = (*records[i][:-1], row)
         return records, payload
 
     @staticmethod
@@ -229,12 +243,12 @@ class ProcessWriter(LayerwatchWriter):
         dtype numpy cannot hold (sent as its bytes; rebuilt as a tensor over there)."""
         head = (it.token, it.node, it.stem, it.node_type, it.order, seq, name)
         if type(data) is Placeholder or data.is_complex() or data.device.type != "cpu":
-            return (_FRESH, *head, None, tuple(data.shape), 0)
+            return (_FRESH, *head, None, tuple(data.shape), 0, None)
         import torch
 
         raw = data.reshape(-1).view(torch.uint8).numpy()
         payload.append(raw)
-        return (_TENSOR, *head, raw.dtype, tuple(data.shape), raw.size)
+        return (_TENSOR, *head, raw.dtype, tuple(data.shape), raw.size, None)
 
     def _send(self, kind: bytes, meta: bytes, payload: list[Any]) -> None:
         size = sum(p.nbytes for p in payload)
@@ -459,7 +473,7 @@ class _Rebuilder:
         for rec in records:
             kind = rec[0]
             if kind in (_FRESH, _TENSOR):
-                _, token, node, stem, node_type, order, seq, name, npdtype, shape, count = rec
+                _, token, node, stem, node_type, order, seq, name, npdtype, shape, count, row = rec
                 if token != self.token:  # aliases never reach back past their token
                     self.token = token
                     by_seq.clear()
@@ -475,6 +489,8 @@ class _Rebuilder:
                 else:  # an alias came first: fill the object it points at
                     it.__init__(token, node, stem, data, node_type, None, name)  # type: ignore[misc]
                 it.order = order
+                if row is not None:  # reduced in the model process (a large array)
+                    it.stats = row
                 add(it)
             elif kind == _ALIAS:
                 _, token, node, stem, node_type, order, seq = rec

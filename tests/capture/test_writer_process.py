@@ -19,6 +19,7 @@ from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.writer_process import ENV, ProcessWriter
 from support import lwdump, tiny_hf
 from support.wide import Wide
+from torch import nn
 
 pytest.importorskip("transformers")
 
@@ -190,3 +191,50 @@ def test_a_writer_process_that_cannot_start_leaves_the_writing_to_this_process(
     lines = lwdump.index(handle.run_dir)
     assert {ln["token"] for ln in lines if ln["k"] == "t"} == {0, 1, 2}
     assert lines[-1] == {"k": "end", "status": "complete", "tokens": 3, "tensors": 27}
+
+
+class Big(nn.Module):
+    """Arrays above stats.SMALL (reduced in the model process) beside small ones, a NaN in
+    one of each at odd steps (their exact statistics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(128, 512)
+        self.down = nn.Linear(512, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        h = self.up(x)
+        if self.calls % 2:
+            h = h.clone()
+            h[0, 0] = float("nan")
+        y = self.down(h)
+        return y if self.calls % 2 == 0 else y.masked_fill(y > 0.5, float("-inf"))
+
+
+def _big_run(out: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    monkeypatch.setenv(ENV, mode)
+    torch.manual_seed(0)
+    model = Big()
+    x = torch.randn(256, 128)  # 131 072 elements: large; the output 2 048: small
+    maps = ""
+    with register_hook(model, DumpConfig(dump_path=out, flush_interval=600.0)) as handle:
+        with torch.no_grad():
+            for _ in range(4):
+                model(x)
+                handle.flush()
+        proc = getattr(handle._writer, "_proc", None)
+        if proc is not None:
+            maps = Path(f"/proc/{proc.pid}/maps").read_text()
+    assert handle.failed is None
+    return handle.run_dir, maps  # type: ignore[return-value]
+
+
+def test_large_arrays_and_non_finite_ones_write_the_same_without_torch_there(tmp_path, monkeypatch):
+    thread, _ = _big_run(tmp_path / "thread", "thread", monkeypatch)
+    process, maps = _big_run(tmp_path / "process", "process", monkeypatch)
+    _same_dump(thread, process)
+    assert maps and "libtorch" not in maps  # the writer process never imported torch
+    stats = [ln["stats"] for ln in lwdump.index(process) if ln["k"] == "t" and ln["stats"]]
+    assert any(st["nan"] for st in stats) and any(st["inf"] for st in stats)
