@@ -23,9 +23,11 @@ Contracts kept:
 * where the process cannot start or cannot import this installation, the model process's
   thread writes the batches itself (:class:`LayerwatchWriter`, nothing lost).
 
-Used for host (CPU) models in the layerwatch format without ``dump_weight``; device tensors
-(their statistics are reduced on the device), weights and the msit format keep the thread
-writer. ``LAYERWATCH_WRITER=thread`` turns it off (``process`` asks for it on one CPU too).
+Opt-in (``LAYERWATCH_WRITER=process``), for host (CPU) models in the layerwatch format without
+``dump_weight``; device tensors (their statistics are reduced on the device), weights and the
+msit format keep the thread writer. Not the default: the process takes ~0.2 s to start (more
+under load), which a long run earns back but a short one does not (``bench_dump.py`` config b,
+8 tokens: 1.9x -> 3.3-4.4x, and the live latency 35-52 -> 163-289 ms, ARCHITECTURE.md "Threads").
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from .writer import LayerwatchWriter
 from .writer_thread import FAILURE_TAIL, describe_failure
 
 ENV = "LAYERWATCH_WRITER"
-"""``thread``: no writer process; ``process``: one even on a single CPU; unset: on 2+ CPUs."""
+"""``process``: write through a writer process where the capture allows it; else the thread."""
 _FRAME = struct.Struct("<cQQ")
 """Kind (``I``nit, ``B``atch, ``S``top), bytes of the pickled records, bytes of payload."""
 _PIPE_BYTES = 1 << 20
@@ -71,18 +73,12 @@ _CHILD = (
 
 def wanted(config: DumpConfig, device_type: str) -> bool:
     """Whether this capture writes through a writer process (see the module docstring)."""
-    choice = os.environ.get(ENV, "")
-    if choice == "thread" or config.format != "layerwatch" or config.dump_weight:
-        return False
-    if device_type != "cpu":
-        return False
-    if choice == "process":
-        return True
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return cpus > 1
+    return (
+        os.environ.get(ENV, "") == "process"
+        and config.format == "layerwatch"
+        and not config.dump_weight
+        and device_type == "cpu"
+    )
 
 
 class ProcessWriter(LayerwatchWriter):
