@@ -36,6 +36,8 @@ class TensorItem:
     """Set by the writer once this item's bytes (if any) and statistics are final."""
     tail: str | None = None
     """The writer's cached end of this tensor's index line (shared by its aliases)."""
+    seq = -1
+    """Its number in the writer process's stream (``capture/writer_process.py``), once given."""
 
     def __init__(
         self,

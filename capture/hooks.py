@@ -5,7 +5,8 @@
   dump): two models, two handles, two independent runs; ``remove()`` really removes.
 * Inputs are taken in a forward *pre*-hook (with keyword arguments), outputs in the forward
   hook; every tensor is copied at once (``capture/recorder.py``) and written by a background
-  thread (``capture/writer.py`` or ``capture/msit_writer.py``).
+  thread (``capture/writer.py`` or ``capture/msit_writer.py``), for host models optionally
+  through a writer process off the model's GIL (``capture/writer_process.py``).
 * Attaching from inside the root's first forward call (the zero-code-change bootstrap finds
   the root in a *global* forward pre-hook, when the root's own pre-hooks for that call are
   already fixed): ``register_hook(root, config, already_in_call=True, call_args=args,
@@ -240,6 +241,11 @@ def _make_writer(
         "argv": list(sys.argv),
         **(ranks.describe() if ranks is not None else {}),
     }
+    from . import writer_process
+
+    if writer_process.wanted(config, device.type) and ranks is None:
+        run_dir = config.path / fmt.rank_dir_name(label, pid)
+        return writer_process.ProcessWriter(config, run_dir, build_topology(model), meta)
     if config.format == "msit":
         from .msit_writer import MsitWriter, msit_run_dir
 
@@ -278,6 +284,7 @@ def _forget_in_child() -> None:
         if handle._writer is not None:
             handle._writer.queue.drain()
             handle._writer._closed = True
+            handle._writer.forget()
     _OPEN.clear()
     heap.forget()  # the child keeps the frozen heap (no copy-on-write of it) as its own
 

@@ -31,6 +31,7 @@ from .config import DumpConfig
 from .errors import LayerwatchError
 from .format import write_json_atomic
 from .handoff import Placeholder, TensorItem, TokenItem, TopologyItem, WeightItem
+from .safetensors_file import dtype_name
 from .stats import as_torch, batch_stats
 from .topology import model_tree
 from .writer_thread import WriterThread
@@ -93,7 +94,7 @@ class MsitWriter(WriterThread):
             )
         ]
         if self.want_stats and real:
-            rows = batch_stats([it.tensor for it in real], [it.dtype for it in real])
+            rows = batch_stats([it.tensor for it in real], [dtype_name(it.dtype) for it in real])
             for it, row in zip(real, rows, strict=True):
                 it.stats = row
         touched: set[Path] = set()

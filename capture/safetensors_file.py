@@ -17,33 +17,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from . import format as fmt
 from .atomic import replacing
 from .index_lines import shape_text
 
 SAFETENSORS_DTYPE = {
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float64: "F64",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float64": "F64",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
 }
-for _name, _code in (
-    ("float8_e4m3fn", "F8_E4M3"),
-    ("float8_e5m2", "F8_E5M2"),
-    ("uint16", "U16"),
-    ("uint32", "U32"),
-    ("uint64", "U64"),
-):
-    if hasattr(torch, _name):
-        SAFETENSORS_DTYPE[getattr(torch, _name)] = _code
+"""safetensors' code of each torch dtype that a data file can hold, by the dtype's name (no
+torch import: the writer process reduces and writes host arrays without torch)."""
 
 
 JOIN_BELOW = 1 << 16
@@ -54,17 +51,22 @@ quote = json.encoder.encode_basestring_ascii
 _quote = quote
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+DTYPE_NAMES: dict[Any, str] = {}
+"""torch dtype (or name) -> its name, filled by :func:`dtype_name`: a lookup per tensor."""
 
 
-DTYPE_NAMES = {dt: dtype_name(dt) for dt in SAFETENSORS_DTYPE}
+def dtype_name(dtype: Any) -> str:
+    """``float32`` for ``torch.float32`` (and for ``"float32"``), cached in :data:`DTYPE_NAMES`."""
+    name = DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def payload_view(data: Any) -> Any:
     """The raw bytes of a captured copy (numpy array, or a contiguous tensor on any device)."""
     if isinstance(data, np.ndarray):
         return data
+    import torch
+
     if data.device.type != "cpu":
         data = data.cpu()
     return data.reshape(-1).view(torch.uint8).numpy()
@@ -83,7 +85,8 @@ def write_batch_file(path: Path, entries: list[tuple[str, Any, Any, Any]]) -> in
         view = payload_view(data)
         end = offset + view.nbytes
         parts.append(
-            f'{_quote(name)}:{{"dtype":"{SAFETENSORS_DTYPE[dtype]}","shape":[{shape_text(shape)}],'
+            f'{_quote(name)}:{{"dtype":"{SAFETENSORS_DTYPE[dtype_name(dtype)]}",'
+            f'"shape":[{shape_text(shape)}],'
             f'"data_offsets":[{offset},{end}]}}'
         )
         views.append(view)
@@ -91,13 +94,14 @@ def write_batch_file(path: Path, entries: list[tuple[str, Any, Any, Any]]) -> in
     return write_batch_parts(path, parts, views)
 
 
-_MIDS: dict[tuple[str, str, Any, Any], str] = {}
-"""(node, stem, dtype, shape) -> the middle of its header entry: the same keys every token."""
+_MIDS: dict[tuple[str, str, str, Any], str] = {}
+"""(node, stem, dtype name, shape) -> the middle of its header entry: the same keys every token."""
 _MIDS_MAX = 1 << 16
 
 
-def tensor_entry(token: int, node: str, stem: str, dtype: Any, shape: Any, begin: int) -> str:
-    """The header entry of tensor ``{token}/{node}/{stem}`` (``capture/format.py``'s name) whose
+def tensor_entry(token: int, node: str, stem: str, dtype: str, shape: Any, begin: int) -> str:
+    """The header entry of tensor ``{token}/{node}/{stem}`` (``capture/format.py``'s name, its
+    dtype's name ``dtype``) whose
     payload starts at ``begin`` (relative to the payloads), ending in ``"data_offsets":[begin,``:
     the caller appends ``end]}``. All but the numbers is cached per key for the run."""
     key = (node, stem, dtype, shape)
@@ -122,6 +126,22 @@ def write_batch_parts(path: Path, parts: list[str], views: list[Any]) -> int:
     one buffer, so the file takes a handful of ``writev`` calls and no per-tensor
     ``memoryview``; large payloads are written from their own memory, never copied.
     """
+    buffers = joined(views)
+    parts.append('"__metadata__":{"format":"pt","writer":"layerwatch"}')
+    raw = ("{" + ",".join(parts) + "}").encode()
+    raw += b" " * (-len(raw) % 8)
+    with replacing(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _writev_all(fd, [struct.pack("<Q", len(raw)) + raw, *buffers], str(tmp))
+        finally:
+            os.close(fd)
+    return 8 + len(raw)
+
+
+def joined(views: list[Any]) -> list[Any]:
+    """``views`` as few buffers: each run of small ones joined into one, large ones as they are
+    (the data file and the writer process's pipe, ``capture/writer_process.py``)."""
     buffers: list[Any] = []
     small: list[Any] = []
     for view in views:
@@ -134,16 +154,7 @@ def write_batch_parts(path: Path, parts: list[str], views: list[Any]) -> int:
             buffers.append(view)
     if small:
         buffers.append(b"".join(small))
-    parts.append('"__metadata__":{"format":"pt","writer":"layerwatch"}')
-    raw = ("{" + ",".join(parts) + "}").encode()
-    raw += b" " * (-len(raw) % 8)
-    with replacing(path) as tmp:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _writev_all(fd, [struct.pack("<Q", len(raw)) + raw, *buffers], str(tmp))
-        finally:
-            os.close(fd)
-    return 8 + len(raw)
+    return buffers
 
 
 def write_json_fast(path: Path, obj: Any) -> None:

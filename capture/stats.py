@@ -12,6 +12,10 @@ few vectorised operations rather than six torch calls per tensor:
   results come back to the host with one ``.tolist()``: statistics-only dumps move a few numbers
   per tensor, never the payload.
 
+torch is imported only where a tensor needs it (device tensors, large or non-finite host
+arrays, fp8): the writer process (``capture/writer_process.py``) reduces small host arrays with
+numpy alone and never pays torch's import. ``dtypes`` are names (``float32``, ``bfloat16``).
+
 Large float tensors use float32 kernels (``sum``/``vector_norm`` accumulate with cascade or
 blocked summation, ``aminmax`` is exact). A tensor whose sum or norm is not finite (it holds
 NaN/Inf, or its squares overflow) is redone exactly on its finite part, so the fast path never
@@ -23,40 +27,45 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 StatsRow = tuple[float, float, float, float, int, int]
 """``(max, min, mean, norm, nan, inf)``."""
 SMALL = 1 << 15
 """Tensors with fewer elements than this are reduced together in one segmented pass."""
 _NAN = float("nan")
-_LOW = (torch.float16, torch.bfloat16)
 
 
-def as_torch(data: Any, dtype: torch.dtype) -> Tensor:
-    """A tensor view of a captured copy (numpy bits of bf16/fp8 are viewed back as ``dtype``)."""
-    if isinstance(data, Tensor):
+def as_torch(data: Any, dtype: torch.dtype | str) -> Tensor:
+    """A tensor view of a captured copy (numpy bits of bf16/fp8 are viewed back as ``dtype``,
+    a torch dtype or its name)."""
+    if not isinstance(data, np.ndarray):
         return data
+    import torch
+
+    want: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     t = torch.from_numpy(data)
-    return t if t.dtype == dtype else t.view(dtype)
+    return t if t.dtype == want else t.view(want)
 
 
-def _host_float(data: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+def _host_float(data: np.ndarray, dtype: str) -> np.ndarray:
     """Values of a host copy as a flat numpy float array (bf16 widened exactly)."""
     flat = data.reshape(-1)
-    if dtype == torch.bfloat16:
+    if dtype == "bfloat16":
         return (flat.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     if flat.dtype.kind in "fiub":
         return flat
     return as_torch(data, dtype).reshape(-1).float().numpy()  # fp8 and other exotic types
 
 
-def batch_stats(datas: Sequence[Any], dtypes: Sequence[torch.dtype]) -> list[StatsRow]:
-    """Statistics of each captured copy (numpy array or device tensor), in order."""
+def batch_stats(datas: Sequence[Any], dtypes: Sequence[str]) -> list[StatsRow]:
+    """Statistics of each captured copy (numpy array or device tensor; ``dtypes``: the
+    captured tensors' dtype names), in order."""
     rows: list[StatsRow | None] = [None] * len(datas)
     host_small: list[int] = []
     groups: dict[Any, list[int]] = {}
@@ -73,9 +82,13 @@ def batch_stats(datas: Sequence[Any], dtypes: Sequence[torch.dtype]) -> list[Sta
     if host_small:
         _finish_host(rows, host_small, datas, dtypes)
     for idx in groups.values():
-        small = [i for i in idx if isinstance(datas[i], Tensor) and datas[i].numel() < SMALL]
+        small = [
+            i for i in idx if not isinstance(datas[i], np.ndarray) and datas[i].numel() < SMALL
+        ]
         chosen = set(small)
         large = [i for i in idx if i not in chosen]
+        import torch
+
         parts: list[Tensor] = []
         if small:
             parts.append(_device_segmented([datas[i] for i in small]))
@@ -92,19 +105,14 @@ def batch_stats(datas: Sequence[Any], dtypes: Sequence[torch.dtype]) -> list[Sta
 
 _NARROW = frozenset(np.dtype(c) for c in ("float16", "float32", "int8", "uint8", "int16", "bool"))
 """numpy dtypes exactly representable in float32: such batches are reduced in float32."""
-_WIDEN = frozenset(
-    {
-        torch.bfloat16,
-        *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)),
-    }
-)
+_WIDEN = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2"})
 
 
 def _finish_host(
     rows: list[StatsRow | None],
     idx: list[int],
     datas: Sequence[Any],
-    dtypes: Sequence[torch.dtype],
+    dtypes: Sequence[str],
 ) -> None:
     """Rows of the small host arrays ``idx``: mean and norm for all of them in a few array
     operations (the same float64 division and square root the per-row path does), rows that
@@ -126,12 +134,10 @@ def _finish_host(
         strict=False,
     )
     for i, row, ok in zip(idx, done, good, strict=True):
-        rows[i] = row if ok else exact_stats(as_torch(datas[i], dtypes[i]))
+        rows[i] = row if ok else _exact_host(datas[i], dtypes[i])
 
 
-def _host_segmented(
-    arrays: list[np.ndarray], dtypes: list[torch.dtype]
-) -> tuple[np.ndarray, list[int]]:
+def _host_segmented(arrays: list[np.ndarray], dtypes: list[str]) -> tuple[np.ndarray, list[int]]:
     """``[k, 4]`` float64 rows of max, min, sum, sum of squares per small host array (sums
     accumulate in float64), and the arrays' sizes."""
     if _WIDEN.isdisjoint(dtypes):
@@ -162,11 +168,13 @@ def _host_segmented(
 
 def _device_segmented(tensors: list[Tensor]) -> Tensor:
     """``[k, 4]`` rows of max, min, sum, sum of squares (float64) for k small device tensors."""
+    import torch
+
     flat = [t.reshape(-1) for t in tensors]
     try:
         lengths = torch.tensor([f.numel() for f in flat], device=flat[0].device)
         buf = torch.cat(flat)
-        if buf.dtype in _LOW or not buf.is_floating_point():
+        if buf.dtype in (torch.float16, torch.bfloat16) or not buf.is_floating_point():
             buf = buf.float()
         wide = buf.double()
         out = torch.stack(
@@ -185,20 +193,49 @@ def _device_segmented(tensors: list[Tensor]) -> Tensor:
 
 def _one(t: Tensor) -> Tensor:
     """max, min, sum, sum of squares of one tensor as a 4-element float64 tensor."""
+    import torch
+
+    low = (torch.float16, torch.bfloat16)
     flat = t.reshape(-1)
     if not flat.is_floating_point():
         flat = flat.double() if flat.dtype in (torch.int64, torch.int32) else flat.float()
-    elif flat.dtype not in (torch.float32, torch.float64, *_LOW):
+    elif flat.dtype not in (torch.float32, torch.float64, *low):
         flat = flat.float()
-    acc = torch.float32 if flat.dtype in _LOW else None
+    acc = torch.float32 if flat.dtype in low else None
     mn, mx = torch.aminmax(flat)
     total = flat.sum(dtype=acc)
     norm = torch.linalg.vector_norm(flat, dtype=acc)
     return torch.stack([mx.double(), mn.double(), total.double(), norm.double().square()])
 
 
+def _exact_host(data: np.ndarray, dtype: str) -> StatsRow:
+    """:func:`exact_stats` of a small host array in numpy (float64 sums over the finite part):
+    a Llama's attention mask holds ``finfo.min``, whose float32 square overflows, at every
+    token, and torch's import would cost the writer process 1.7 s of CPU."""
+    flat = _host_float(data, dtype)
+    if flat.dtype != np.float64:
+        flat = flat.astype(np.float32)
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(flat)
+        nan = int(np.isnan(flat).sum())
+        inf = int(flat.size - int(finite.sum()) - nan)
+        part = flat[finite].astype(np.float64)
+        if part.size == 0:
+            return (_NAN, _NAN, _NAN, 0.0, nan, inf)
+        return (
+            float(part.max()),
+            float(part.min()),
+            float(part.sum()) / part.size,
+            math.sqrt(float(np.dot(part, part))),
+            nan,
+            inf,
+        )
+
+
 def exact_stats(t: Tensor) -> StatsRow:
     """The slow, exact path: statistics of the finite part, counts of NaN and Inf."""
+    import torch
+
     flat = t.reshape(-1)
     if flat.dtype != torch.float64:
         flat = flat.float()

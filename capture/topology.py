@@ -18,10 +18,12 @@ are optional for readers (older dumps lack them).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # imported where used: the writer process needs with_order, not torch
+    import torch
 
 TOPOLOGY_FORMAT = "layerwatch-topology"
 TOPOLOGY_VERSION = 1
@@ -46,6 +48,8 @@ def param_print(param: torch.Tensor) -> dict[str, Any]:
     Summed on the host in float64 chunks (numpy), so the cost is one pass over the weights and
     the result does not depend on a device's reduction order.
     """
+    import torch
+
     values = param.detach()
     if values.is_complex():
         values = values.real
@@ -76,7 +80,7 @@ def _scalar(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             return str(value)
         return value
-    if isinstance(value, torch.Size | tuple | list) and len(value) <= 8:
+    if isinstance(value, tuple | list) and len(value) <= 8:  # torch.Size is a tuple
         items = [_scalar(v) for v in value]
         if all(v is not None and not isinstance(v, list) for v in items):
             return items

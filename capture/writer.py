@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from . import format as fmt
 from . import keep
@@ -48,8 +47,15 @@ class LayerwatchWriter(WriterThread):
     """Writes ``{dump_path}/{device}_{pid}/`` in the layerwatch format."""
 
     def __init__(
-        self, config: DumpConfig, run_dir: Path, topology: dict[str, Any], meta: dict[str, Any]
+        self,
+        config: DumpConfig,
+        run_dir: Path,
+        topology: dict[str, Any],
+        meta: dict[str, Any],
+        started: float | None = None,
     ) -> None:
+        """``started``: continue the run that the model process set up at that time (the
+        writer process, ``capture/writer_process.py``): no manifest check, no first files."""
         super().__init__(config, run_dir)
         self.topology = topology
         self.meta = meta
@@ -58,17 +64,19 @@ class LayerwatchWriter(WriterThread):
         """Aliases whose bytes are not written yet (they arrive with an outer module's inputs)."""
         self.want_stats = config.want_stats
         self.want_payload = config.want_payload
-        self.started = time.time()
+        self.started = time.time() if started is None else started
         self.ring = None if config.keep_tokens is None else keep.TokenRing(config.keep_tokens)
         """Statistics-first capture: which data files may be deleted (``capture/keep.py``)."""
         try:
-            if (run_dir / fmt.MANIFEST).exists():
-                raise LayerwatchError(
-                    f"{run_dir} already holds a dump of this process: give each model its own dump_path"
-                )
-            (run_dir / fmt.DATA_DIR).mkdir(parents=True, exist_ok=True)
-            write_json_fast(run_dir / fmt.MANIFEST, self.manifest(fmt.STATUS_RUNNING))
-            write_json_fast(run_dir / fmt.TOPOLOGY, topology)
+            if started is None:
+                if (run_dir / fmt.MANIFEST).exists():
+                    raise LayerwatchError(
+                        f"{run_dir} already holds a dump of this process: "
+                        "give each model its own dump_path"
+                    )
+                (run_dir / fmt.DATA_DIR).mkdir(parents=True, exist_ok=True)
+                write_json_fast(run_dir / fmt.MANIFEST, self.manifest(fmt.STATUS_RUNNING))
+                write_json_fast(run_dir / fmt.TOPOLOGY, topology)
             self.index_fd = os.open(
                 run_dir / fmt.INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
             )
@@ -123,13 +131,15 @@ class LayerwatchWriter(WriterThread):
                         ok.append(it)
             elif kind is WeightItem:
                 weights.append(it)
-        if self.want_stats and ok:
-            rows = batch_stats([it.tensor for it in ok], [it.dtype for it in ok])
-            for it, row in zip(ok, rows, strict=True):
+        # the writer process gets a large array's statistics with it (capture/writer_process.py)
+        todo = [it for it in ok if it.stats is None] if self.want_stats else []
+        if todo:
+            rows = batch_stats([it.tensor for it in todo], [it.dtype_name for it in todo])
+            for it, row in zip(todo, rows, strict=True):
                 it.stats = row
         payload: list[Any] = weights
         if self.want_payload:
-            payload += [it for it in ok if it.dtype in SAFETENSORS_DTYPE]
+            payload += [it for it in ok if it.dtype_name in SAFETENSORS_DTYPE]
         if payload:
             self._write_data_file(payload)
         if self.ring is not None:
@@ -221,12 +231,13 @@ class LayerwatchWriter(WriterThread):
             if type(it) is WeightItem:
                 parts.append(
                     f'{quote(f"weights/{it.node}.{it.param}")}:{{"dtype":'
-                    f'"{SAFETENSORS_DTYPE[data.dtype]}","shape":[{shape_text(data.shape)}],'
+                    f'"{SAFETENSORS_DTYPE[dtype_name(data.dtype)]}","shape":[{shape_text(data.shape)}],'
                     f'"data_offsets":[{offset},{end}]}}'
                 )
             else:
                 parts.append(
-                    f"{tensor_entry(it.token, it.node, it.stem, it.dtype, it.shape, offset)}{end}]}}"
+                    f"{tensor_entry(it.token, it.node, it.stem, it.dtype_name, it.shape, offset)}"
+                    f"{end}]}}"
                 )
             views.append(view)
             it.begin, it.end = offset, end
@@ -279,7 +290,9 @@ class LayerwatchWriter(WriterThread):
             write_json_fast(self.run_dir / fmt.MANIFEST, self.manifest("error: " + message))
 
 
-def _plain_tensor(data: torch.Tensor) -> bool:
+def _plain_tensor(data: Any) -> bool:
     """A copy we can reduce and write (strided, real, not on the meta device); others are
     indexed with dtype and shape only (complex rotary tables, sparse masks...)."""
+    import torch
+
     return data.layout is torch.strided and data.device.type != "meta" and not data.is_complex()

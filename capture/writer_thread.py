@@ -106,9 +106,13 @@ class WriterThread:
 
     def fail(self, exc: BaseException, where: object) -> None:
         """Stop capture after an error: one line on stderr, hooks off, nothing written undone."""
+        self.stop_capture(describe_failure(exc, where))
+
+    def stop_capture(self, line: str) -> None:
+        """:meth:`fail` with its one line already made (the writer process sends its own)."""
         if self.failed is not None:
             return
-        self.failed = describe_failure(exc, where)
+        self.failed = line
         print(f"layerwatch: {self.failed}", file=sys.stderr, flush=True)
         self.queue.drain()
         for callback in self.on_failure:
@@ -120,10 +124,16 @@ class WriterThread:
     def record_failure(self, message: str) -> None:
         """Best effort: leave a note in the dump that capture stopped (may itself fail)."""
 
+    def forget(self) -> None:
+        """In a forked child: let go of what the parent's writer holds (nothing, here)."""
+
+
+FAILURE_TAIL = "the model keeps running; tensors already written are intact"
+
 
 def describe_failure(exc: BaseException, where: object) -> str:
     """``capture stopped: disk full writing /x/y (...)``: one line, says what the user can do."""
-    tail = "the model keeps running; tensors already written are intact"
+    tail = FAILURE_TAIL
     if isinstance(exc, OSError):
         path = exc.filename or where
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -7,21 +7,9 @@ import time
 import torch
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.writer import LayerwatchWriter
+from layerwatch.capture.writer_process import ENV
 from support import lwdump
-from torch import nn
-
-
-class Wide(nn.Module):
-    """Each step emits ~64 KiB per module call through 8 modules."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(128, 128) for _ in range(8))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
+from support.wide import Wide
 
 
 def test_slow_writer_back_pressure_bounds_the_queue(tmp_path, monkeypatch):
@@ -34,6 +22,7 @@ def test_slow_writer_back_pressure_bounds_the_queue(tmp_path, monkeypatch):
         return original(self, items)
 
     monkeypatch.setattr(LayerwatchWriter, "write_items", slow_write)
+    monkeypatch.setenv(ENV, "thread")  # the slow disk is this process's writer
     bound = 512 * 1024
     model = Wide()
     x = torch.randn(128, 128)  # 64 KiB activations

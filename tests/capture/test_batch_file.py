@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import torch
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.safetensors_file import JOIN_BELOW
@@ -93,9 +94,10 @@ def test_small_payloads_share_a_buffer_and_every_offset_stays_exact(tmp_path):
 
 
 CHILD = """
-import resource, signal, sys, torch
+import os, resource, signal, sys, torch
 from torch import nn
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+os.environ["LAYERWATCH_WRITER"] = sys.argv[2]  # the writer in this process or in its own
 from layerwatch.capture import DumpConfig, register_hook
 
 class Emit(nn.Module):
@@ -116,7 +118,8 @@ handle = register_hook(model, DumpConfig(dump_path=sys.argv[1], tensor_part=1))
 x = torch.randn(1024)  # 4 KiB: joined, 400 KiB a batch file
 for token in range(6):
     if token == 4:  # the disk fills up in the payloads of the 5th batch file (the index has room)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+        proc = getattr(handle._writer, "_proc", None)  # the process that writes
+        resource.prlimit(0 if proc is None else proc.pid, resource.RLIMIT_FSIZE, (200_000, 200_000))
     model(x)
     handle.flush()  # one batch file per token
 handle.close()
@@ -124,9 +127,10 @@ print("failed:", handle.failed)
 """
 
 
-def test_a_write_cut_in_the_middle_of_a_batch_leaves_earlier_batches_whole(tmp_path):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_write_cut_in_the_middle_of_a_batch_leaves_earlier_batches_whole(tmp_path, writer):
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path)],
+        [sys.executable, "-c", CHILD, str(tmp_path), writer],
         capture_output=True,
         text=True,
         timeout=300,

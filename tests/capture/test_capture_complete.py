@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from layerwatch.capture import DumpConfig, register_hook
+from layerwatch.capture.writer_process import ENV
 from support import lwdump
 from torch import nn
 
@@ -129,17 +131,21 @@ def _stats(t: torch.Tensor) -> dict[str, object]:
     }
 
 
-def test_every_tensor_lands_once_in_order_with_its_bytes(tmp_path):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_every_tensor_lands_once_in_order_with_its_bytes(tmp_path, monkeypatch, writer):
+    monkeypatch.setenv(ENV, writer)  # the writer thread, or the writer process it feeds
     torch.manual_seed(0)
     model = Net()
     config = DumpConfig(dump_path=tmp_path, batch_bytes=1500, flush_interval=0.001)
     handle = register_hook(model, config)
+    assert hasattr(handle._writer, "local") == (writer == "process")
     oracle = Oracle(model)  # after register_hook: its hooks see what the capture's saw
     tokens = 12
     with torch.no_grad():
         for _ in range(tokens):
             model(torch.randn(64))
     handle.close()
+    assert not getattr(handle._writer, "local", False)  # the process did write it
     run = handle.run_dir
     lines = lwdump.index(run)
     files = {line["file"] for line in lines if line["k"] == "t"}

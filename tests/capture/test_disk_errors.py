@@ -19,9 +19,10 @@ from safetensors import safe_open
 from support import lwdump
 
 CHILD = """
-import json, resource, signal, sys
+import json, os, resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then a write past the limit fails with EFBIG
 limit, at = int(sys.argv[2]), int(sys.argv[3])
+os.environ["LAYERWATCH_WRITER"] = sys.argv[5]  # the writer in this process or in its own
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.demo import build_model, generate
 model = build_model(layers=4)
@@ -29,8 +30,10 @@ handle = register_hook(model, DumpConfig(dump_path=sys.argv[1], **json.loads(sys
 
 def fill_up(module, args, output):  # the disk fills up while dumping, at token `at`
     handle.flush()  # one batch per token, so what lands before the limit does not depend on timing
-    if model.ctx.step == at:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    if model.ctx.step == at:  # the limit of the process that writes (it ignores SIGXFSZ too)
+        proc = getattr(handle._writer, "_proc", None)
+        pid = 0 if proc is None else proc.pid
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))
 
 model.register_forward_hook(fill_up)
 ids = generate(model, new_tokens=8)
@@ -70,11 +73,13 @@ def _check_intact(run) -> list[dict]:
     return lines
 
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_file_size_limit_stops_capture_but_not_the_model(tmp_path, case):
+def test_file_size_limit_stops_capture_but_not_the_model(tmp_path, case, writer):
     limit, at, config = CASES[case]
+    args = [str(tmp_path), str(limit), str(at), json.dumps(config), writer]
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path), str(limit), str(at), json.dumps(config)],
+        [sys.executable, "-c", CHILD, *args],
         capture_output=True,
         text=True,
         timeout=300,

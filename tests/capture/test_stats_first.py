@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,7 @@ def _run(out: Path, keep: int | None, nan_at: int | None = NAN_AT) -> Path:
     with register_hook(model, DumpConfig(dump_path=out, keep_tokens=keep)) as h, torch.no_grad():
         for _ in range(STEPS):
             model(ids)
-            time.sleep(0.12)  # one token per data file (the writer flushes every 50 ms)
+            h.flush()  # one token per data file
     return h.run_dir
 
 

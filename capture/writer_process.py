@@ -1,0 +1,510 @@
+"""The layerwatch writer in a process of its own, off the model's GIL (ARCHITECTURE.md, "Threads").
+
+On the small-tensor path (a long generation of a small model: ~150 tensors a token) the
+writer's Python (statistics, data files, index lines: ~0.35 s of a 512-token run) ran under the
+model's GIL, so it cost the model its whole CPU time. Here the model process keeps the queue and
+its thread (:class:`ProcessWriter`, the same loop, back-pressure and failure policy as
+``capture/writer_thread.py``), but that thread only packs each batch: a compact record per item
+(pickled builtins) and the payloads' bytes, sent through a pipe to a writer process started with
+``subprocess`` (exec, never fork: torch is loaded) that imports numpy and the writer, never torch.
+It rebuilds the items and runs :class:`~layerwatch.capture.writer.LayerwatchWriter` on them, so
+the dump is the same bytes, written the same way (atomic data files, one index append a batch).
+
+Contracts kept:
+
+* the queue's bytes are released when the writer process says a batch is on disk, so the
+  model still waits when ``queue_bytes`` are outstanding, and ``flush``/``close`` return only
+  when everything is written;
+* a write failure in the writer process is the same one line (it records it in the dump; the
+  model process prints it and turns the hooks off); the writer process dying is one line too,
+  recorded in the dump by the model process, and nothing already written is undone;
+* the model process dying (killed) closes the pipe: the writer process writes what it
+  received and exits, never waits;
+* where the process cannot start or cannot import this installation, the model process's
+  thread writes the batches itself (:class:`LayerwatchWriter`, nothing lost).
+
+Opt-in (``LAYERWATCH_WRITER=process``), for host (CPU) models in the layerwatch format without
+``dump_weight``; device tensors (their statistics are reduced on the device), weights and the
+msit format keep the thread writer. Not the default: the process takes ~0.2 s to start (more
+under load), which a long run earns back but a short one does not (``bench_dump.py`` config b,
+8 tokens: 1.9x -> 3.3-4.4x, and the live latency 35-52 -> 163-289 ms, ARCHITECTURE.md "Threads").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any, cast
+
+import numpy as np
+
+from .config import DumpConfig
+from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem
+from .safetensors_file import DTYPE_NAMES, _writev_all, dtype_name, joined
+from .stats import SMALL, batch_stats
+from .writer import LayerwatchWriter
+from .writer_thread import FAILURE_TAIL, describe_failure
+
+ENV = "LAYERWATCH_WRITER"
+"""``process``: write through a writer process where the capture allows it; else the thread."""
+_FRAME = struct.Struct("<cQQ")
+"""Kind (``I``nit, ``B``atch, ``S``top), bytes of the pickled records, bytes of payload."""
+_PIPE_BYTES = 1 << 20
+_FRESH, _ALIAS, _TOKEN, _LINE, _TOPOLOGY, _TENSOR = range(6)
+"""Record kinds: a fresh copy, an alias of one, a token, an index line, the order, and a
+fresh copy that was a torch tensor (a dtype numpy cannot hold: reduced with torch there)."""
+_CHILD = (
+    "import sys\n"
+    "try:\n"
+    "    from layerwatch.capture import writer_process\n"
+    "except ImportError:\n"
+    "    sys.exit(3)\n"
+    "writer_process.child_main(sys.argv[1])\n"
+)
+
+
+def wanted(config: DumpConfig, device_type: str) -> bool:
+    """Whether this capture writes through a writer process (see the module docstring)."""
+    return (
+        os.environ.get(ENV, "") == "process"
+        and config.format == "layerwatch"
+        and not config.dump_weight
+        and device_type == "cpu"
+    )
+
+
+class ProcessWriter(LayerwatchWriter):
+    """The model process's side: sets the run up as the thread writer does, then sends batches.
+
+    Its own :class:`LayerwatchWriter` state stays ready: if the writer process does not come
+    up, this thread writes the batches itself (:attr:`local`).
+    """
+
+    def __init__(
+        self, config: DumpConfig, run_dir: Path, topology: dict[str, Any], meta: dict[str, Any]
+    ) -> None:
+        super().__init__(config, run_dir, topology, meta)
+        self.local = False
+        """The writer process could not start: the batches are written in this process."""
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._acks: IO[bytes] | None = None
+        self._ready = False
+        self._next_seq = 0
+
+    # --- life cycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        try:
+            self._spawn()
+        except (OSError, ValueError, TypeError):  # no process, or a topology JSON cannot hold
+            self._go_local()
+        super().start()
+
+    def _spawn(self) -> None:
+        from .launch import ENV_SETTINGS
+
+        env = dict(os.environ)
+        env.pop(ENV_SETTINGS, None)  # never capture the writer, should it ever import torch
+        here = os.path.dirname(os.path.abspath(__file__))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, here],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # a Ctrl-C meant for the model does not cut a batch short
+        )
+        self._acks = self._proc.stdout
+        with contextlib.suppress(OSError, AttributeError):  # Linux: fewer wake-ups a batch
+            import fcntl
+
+            fcntl.fcntl(self._proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
+        init = {
+            "run_dir": str(self.run_dir),
+            "topology": self.topology,
+            "meta": self.meta,
+            "started": self.started,
+            "settings": dataclasses.asdict(Settings.of(self.config)),
+        }
+        # JSON, not pickle: meta's torch version is a torch class (a str to JSON), and all of
+        # it is written as JSON over there anyway
+        self._send(b"I", json.dumps(init).encode(), [])
+
+    def _go_local(self) -> None:
+        self.local = True
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                self._proc.wait(5)
+            self._close_pipes()
+            self._proc = None
+
+    def _close_pipes(self) -> None:
+        proc = self._proc
+        if proc is not None:
+            for pipe in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError):
+                    if pipe is not None:
+                        pipe.close()
+
+    def _await_ready(self) -> bool:
+        """The writer process's first word: ``ready``, or it could not start (then local)."""
+        if self._ready or self.local:
+            return self._ready
+        line = self._read_ack()
+        if line == b"ready":
+            self._ready = True
+        else:
+            self._go_local()
+        return self._ready
+
+    # --- batches --------------------------------------------------------------------------
+    def write_items(self, items: list[Any]) -> None:
+        if not self._await_ready():
+            super().write_items(items)
+            return
+        records, payload = self._pack(items)
+        try:
+            self._send(b"B", pickle.dumps(records, protocol=5), payload)
+        except BrokenPipeError:  # it is gone: say how it ended, not "broken pipe"
+            self._gone()
+            return
+        self._expect_ok()
+
+    def _pack(self, items: list[Any]) -> tuple[list[Any], list[Any]]:
+        """Records of ``items`` (builtins and numpy dtypes only) and their payloads in order."""
+        records: list[Any] = []
+        payload: list[Any] = []
+        add = records.append
+        names = DTYPE_NAMES
+        ndarray = np.ndarray
+        large: list[tuple[int, np.ndarray]] = []
+        for it in items:
+            kind = type(it)
+            if kind is TensorItem:
+                src = it.alias
+                if src is None:
+                    seq = it.seq
+                    if seq < 0:
+                        seq = it.seq = self._next_seq
+                        self._next_seq += 1
+                    data = it.tensor
+                    name = names.get(it.dtype) or dtype_name(it.dtype)
+                    if type(data) is ndarray:
+                        size = data.size
+                        if size >= SMALL:
+                            large.append((len(records), data))
+                        add(
+                            (_FRESH, it.token, it.node, it.stem, it.node_type, it.order, seq,
+                             name, data.dtype, data.shape, size, None)
+                        )  # fmt: skip
+                        payload.append(data)
+                    else:
+                        add(self._odd(it, seq, name, data, payload))
+                else:
+                    seq = src.seq
+                    if seq < 0:  # its source is still in an outer module's frame
+                        seq = src.seq = self._next_seq
+                        self._next_seq += 1
+                    add((_ALIAS, it.token, it.node, it.stem, it.node_type, it.order, seq))
+            elif kind is TokenItem:
+                ids = None if it.ids is None else it.ids.numpy()
+                add((_TOKEN, it.token, ids))
+            elif kind is LineItem:
+                add((_LINE, it.obj))
+            elif kind is TopologyItem:
+                add((_TOPOLOGY, it.order))
+            else:
+                raise TypeError(f"the writer process cannot write a {kind.__name__}")
+        if large and self.want_stats:
+            # Reduced here, where torch is loaded, with the kernels the thread writer uses for
+            # them (stats.py reduces each large array alone): the process stays torch-free.
+            # Small ones stay there: their statistics depend on the batch they are reduced in.
+            rows = batch_stats([d for _, d in large], [records[i][7] for i, _ in large])
+            for (i, _), row in zip(large, rows, strict=True):
+                records[i] = (*records[i][:-1], row)
+        return records, payload
+
+    @staticmethod
+    def _odd(it: TensorItem, seq: int, name: str, data: Any, payload: list[Any]) -> tuple[Any, ...]:
+        """A fresh copy that is no numpy array: a :class:`Placeholder`, or a host tensor whose
+        dtype numpy cannot hold (sent as its bytes; rebuilt as a tensor over there)."""
+        head = (it.token, it.node, it.stem, it.node_type, it.order, seq, name)
+        if type(data) is Placeholder or data.is_complex() or data.device.type != "cpu":
+            return (_FRESH, *head, None, tuple(data.shape), 0, None)
+        import torch
+
+        raw = data.reshape(-1).view(torch.uint8).numpy()
+        payload.append(raw)
+        return (_TENSOR, *head, raw.dtype, tuple(data.shape), raw.size, None)
+
+    def _send(self, kind: bytes, meta: bytes, payload: list[Any]) -> None:
+        size = sum(p.nbytes for p in payload)
+        stdin = self._proc.stdin  # type: ignore[union-attr]
+        _writev_all(
+            stdin.fileno(),  # type: ignore[union-attr]
+            [_FRAME.pack(kind, len(meta), size) + meta, *joined(payload)],
+            "the writer process",
+        )
+
+    def _read_ack(self) -> bytes:
+        try:
+            return self._acks.readline().strip() if self._acks is not None else b""
+        except (OSError, ValueError):
+            return b""
+
+    def _expect_ok(self) -> None:
+        """Wait for the batch's answer: ``ok`` with the counts, or the failure line."""
+        line = self._read_ack()
+        head, _, rest = line.partition(b" ")
+        if head == b"ok":
+            tokens, tensors, nbytes = rest.split()
+            self.tokens_seen, self.tensors_written = int(tokens), int(tensors)
+            self.bytes_written = int(nbytes)
+        elif head == b"failed":
+            self.stop_capture(rest.decode("utf-8", "replace"))
+        else:
+            self._gone()
+
+    def _gone(self) -> None:
+        """The writer process ended mid-run: one line, recorded here (after what it wrote)."""
+        self.stop_capture(f"capture stopped: {self._exit_text()} ({FAILURE_TAIL})")
+
+    def _exit_text(self) -> str:
+        proc = self._proc
+        code = None
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(2)
+        if code is None:
+            return "the writer process stopped answering"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"the writer process was killed ({signal.Signals(-code).name})"
+        return f"the writer process exited (status {code})"
+
+    # --- ends -----------------------------------------------------------------------------
+    def finish(self, status: str) -> None:
+        if self.local or not self._await_ready():
+            super().finish(status)
+            return
+        try:
+            self._send(b"S", pickle.dumps(self.failed), [])
+            line = self._read_ack()
+        except BrokenPipeError:
+            line = b""
+        try:
+            head, _, rest = line.partition(b" ")
+            if head == b"done":
+                tokens, tensors, nbytes = rest.split()
+                self.tokens_seen, self.tensors_written = int(tokens), int(tensors)
+                self.bytes_written = int(nbytes)
+            else:
+                self._gone()
+        finally:
+            self._close_pipes()
+            if self._proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(30)
+            os.close(self.index_fd)
+
+    def record_failure(self, message: str) -> None:
+        if self.local or self._proc is None or self._proc.poll() is not None:
+            # the writer process is gone: append after whatever it wrote, never truncate it
+            self.index_size = os.fstat(self.index_fd).st_size
+            super().record_failure(message)
+        # else the writer process records it: its own failure, or this one at the stop
+
+    def forget(self) -> None:
+        """A forked child holds copies of the pipes: close them, so that the writer process
+        still sees the model process end (``capture/hooks.py``'s fork handler)."""
+        self._close_pipes()
+
+
+def _as_tensor(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> Any:
+    """A host tensor again from its bytes (dtypes numpy cannot hold: imports torch, rarely)."""
+    import torch
+
+    return torch.from_numpy(raw).view(getattr(torch, name)).reshape(shape)
+
+
+@dataclasses.dataclass
+class Settings:
+    """What the writer process needs of a :class:`DumpConfig` (which holds module types, so
+    torch, and cannot cross): the switches the writer reads and the manifest's summary."""
+
+    queue_bytes: int
+    batch_bytes: int
+    want_stats: bool
+    want_payload: bool
+    keep_tokens: int | None
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: DumpConfig) -> Settings:
+        return cls(
+            config.queue_bytes,
+            config.batch_bytes,
+            config.want_stats,
+            config.want_payload,
+            config.keep_tokens,
+            config.describe(),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return self.summary
+
+
+# --- the writer process ---------------------------------------------------------------------
+def child_main(expected_dir: str) -> None:
+    """Entry of the writer process: ``ready``, then one answer per frame until ``S`` or EOF."""
+    if os.path.dirname(os.path.abspath(__file__)) != expected_dir:
+        sys.exit(3)  # another installation's layerwatch: the model process writes itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    acks = os.dup(1)  # answers only: stray output of imported code goes to /dev/null
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    inbox = os.fdopen(0, "rb", buffering=0)
+    frame = _read_frame(inbox)
+    if frame is None or frame[0] != b"I":
+        return
+    init = json.loads(frame[1])
+    writer = LayerwatchWriter(
+        cast(DumpConfig, Settings(**init["settings"])),
+        Path(init["run_dir"]),
+        init["topology"],
+        init["meta"],
+        started=init["started"],
+    )
+    _answer(acks, b"ready")
+    rebuild = _Rebuilder()
+    while True:
+        frame = _read_frame(inbox)
+        if frame is None:  # the model process is gone: what came is written, stop here
+            return
+        kind, meta, payload = frame
+        if kind == b"S":
+            failed = pickle.loads(meta)
+            if failed is not None and writer.failed is None:  # the model process's own failure
+                writer.failed = failed
+                with contextlib.suppress(Exception):
+                    writer.record_failure(failed)
+            with contextlib.suppress(Exception):
+                writer.finish(writer.failed or "complete")
+            _answer(acks, b"done " + _counts(writer))
+            return
+        items: list[Any] = []
+        if writer.failed is None:
+            try:
+                items = rebuild.items(pickle.loads(meta), payload)
+                writer.write_items(items)
+            except Exception as exc:
+                where = getattr(exc, "filename", None) or writer.run_dir
+                writer.failed = describe_failure(exc, where)
+                with contextlib.suppress(Exception):
+                    writer.record_failure(writer.failed)
+                _answer(acks, b"failed " + writer.failed.encode())
+                continue
+        for it in items:  # drop the views of this batch's buffer
+            if type(it) is TensorItem:
+                it.tensor = None
+        _answer(acks, b"ok " + _counts(writer))
+
+
+def _counts(writer: LayerwatchWriter) -> bytes:
+    return f"{writer.tokens_seen} {writer.tensors_written} {writer.bytes_written}".encode()
+
+
+def _answer(fd: int, line: bytes) -> None:
+    try:
+        os.write(fd, line + b"\n")
+    except OSError:  # the model process is gone
+        sys.exit(0)
+
+
+def _read_frame(inbox: Any) -> tuple[bytes, bytes, bytearray] | None:
+    head = _read_exact(inbox, _FRAME.size)
+    if head is None:
+        return None
+    kind, nmeta, npayload = _FRAME.unpack(head)
+    meta = _read_exact(inbox, nmeta)
+    payload = _read_exact(inbox, npayload)
+    if meta is None or payload is None:
+        return None
+    return kind, bytes(meta), payload
+
+
+def _read_exact(inbox: Any, n: int) -> bytearray | None:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = inbox.readinto(view[got:])
+        if not k:
+            return None
+        got += k
+    return buf
+
+
+class _Rebuilder:
+    """Items again from records: fresh copies as numpy views of the batch's payload buffer,
+    aliases pointing at their source (which may come in a later batch of the same token)."""
+
+    def __init__(self) -> None:
+        self.by_seq: dict[int, TensorItem] = {}
+        self.token = -1
+
+    def items(self, records: list[Any], payload: bytearray) -> list[Any]:
+        out: list[Any] = []
+        add = out.append
+        by_seq = self.by_seq
+        offset = 0
+        for rec in records:
+            kind = rec[0]
+            if kind in (_FRESH, _TENSOR):
+                _, token, node, stem, node_type, order, seq, name, npdtype, shape, count, row = rec
+                if token != self.token:  # aliases never reach back past their token
+                    self.token = token
+                    by_seq.clear()
+                if npdtype is None:
+                    data: Any = Placeholder(shape, name)
+                else:
+                    data = np.frombuffer(payload, npdtype, count, offset)
+                    offset += data.nbytes
+                    data = data.reshape(shape) if kind == _FRESH else _as_tensor(data, name, shape)
+                it = by_seq.get(seq)
+                if it is None:
+                    it = by_seq[seq] = TensorItem(token, node, stem, data, node_type, None, name)
+                else:  # an alias came first: fill the object it points at
+                    it.__init__(token, node, stem, data, node_type, None, name)  # type: ignore[misc]
+                it.order = order
+                if row is not None:  # reduced in the model process (a large array)
+                    it.stats = row
+                add(it)
+            elif kind == _ALIAS:
+                _, token, node, stem, node_type, order, seq = rec
+                if token != self.token:
+                    self.token = token
+                    by_seq.clear()
+                src = by_seq.get(seq)
+                if src is None:
+                    src = by_seq[seq] = TensorItem(token, node, stem, None, node_type)
+                it = TensorItem(token, node, stem, None, node_type, src)
+                it.order = order
+                add(it)
+            elif kind == _TOKEN:
+                token_item = TokenItem(rec[1], None)
+                token_item.ids = rec[2]  # a numpy array: the writer only lists it
+                add(token_item)
+            elif kind == _LINE:
+                add(LineItem(rec[1]))
+            elif kind == _TOPOLOGY:
+                add(TopologyItem(rec[1]))
+        return out

@@ -1,0 +1,240 @@
+"""The writer process (``capture/writer_process.py``) writes the same dump as the thread writer,
+keeps the queue's bound, and ends in one line when it dies, when the disk is full or when the
+model process is killed. Real processes, real tiny models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from layerwatch.capture import DumpConfig, register_hook
+from layerwatch.capture.writer_process import ENV, ProcessWriter
+from support import lwdump, tiny_hf
+from support.wide import Wide
+from torch import nn
+
+pytest.importorskip("transformers")
+
+_VARIES = {"started", "updated", "pid", "argv"}
+
+
+def _hf_run(out: Path, mode: str, monkeypatch: pytest.MonkeyPatch, **config: object) -> Path:
+    monkeypatch.setenv(ENV, mode)
+    model = tiny_hf.build("llama", torch.float16)
+    ids = tiny_hf.prompt()
+    # the batches are cut by flushes at each token's end and by batch_bytes, never by the
+    # clock, so both writers see the same batches and write the same files
+    config = {"flush_interval": 600.0, **config}
+    handle = register_hook(model, DumpConfig(dump_path=out, **config))  # type: ignore[arg-type]
+    assert isinstance(handle._writer, ProcessWriter) == (mode == "process")
+
+    def flush(*_: object) -> None:
+        handle.flush()
+
+    model.register_forward_hook(flush)
+    with torch.no_grad():
+        model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
+            do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    handle.close()
+    assert handle.failed is None
+    if mode == "process":
+        assert not handle._writer.local  # type: ignore[union-attr]
+        assert handle._writer._proc.returncode == 0  # type: ignore[union-attr]
+    return handle.run_dir  # type: ignore[return-value]
+
+
+def _same_dump(a: Path, b: Path) -> None:
+    assert (a / "index.jsonl").read_bytes() == (b / "index.jsonl").read_bytes()
+    files_a = sorted(p.name for p in (a / "data").iterdir())
+    assert files_a == sorted(p.name for p in (b / "data").iterdir())
+    assert files_a and not any(name.startswith(".tmp-") for name in files_a)
+    for name in files_a:
+        assert (a / "data" / name).read_bytes() == (b / "data" / name).read_bytes(), name
+    assert (a / "topology.json").read_bytes() == (b / "topology.json").read_bytes()
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
+    assert {k: v for k, v in ma.items() if k not in _VARIES} == {
+        k: v for k, v in mb.items() if k not in _VARIES
+    }
+
+
+@pytest.mark.parametrize(
+    "config", [{}, {"keep_tokens": 3}, {"dump_statistics_mode": 0}, {"batch_bytes": 8192}]
+)
+def test_the_writer_process_writes_the_thread_writers_dump(tmp_path, monkeypatch, config):
+    thread = _hf_run(tmp_path / "thread", "thread", monkeypatch, **config)
+    process = _hf_run(tmp_path / "process", "process", monkeypatch, **config)
+    _same_dump(thread, process)
+    assert lwdump.index(process)[-1]["k"] == "end"
+
+
+def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, "process")
+    bound = 512 * 1024
+    model = Wide()
+    x = torch.randn(128, 128)
+    handle = register_hook(
+        model, DumpConfig(dump_path=tmp_path, queue_bytes=bound, dump_statistics_mode=0)
+    )
+    pid = handle._writer._proc.pid  # type: ignore[union-attr]
+    with torch.no_grad():
+        model(x)
+        assert handle.flush(timeout=60)
+        os.kill(pid, signal.SIGSTOP)  # a writer that makes no progress for half a second
+        resume = threading.Timer(0.5, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        start = time.perf_counter()
+        model(x)
+        model(x)  # more than the bound waits to be written: the model must wait
+        waited = time.perf_counter() - start
+        resume.join()
+        for _ in range(9):
+            model(x)
+    handle.close()
+    assert handle.failed is None
+    assert waited >= 0.4 and 0 < handle.queue_peak_bytes <= bound
+    got = lwdump.tensors(handle.run_dir)
+    assert {t for (t, _, _) in got} == set(range(12))
+    last = lwdump.load(handle.run_dir, got[11, "root", "output"])
+    assert torch.equal(last, model(x).detach())
+
+
+def test_the_writer_process_killed_is_one_line_and_the_model_finishes(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv(ENV, "process")
+    model = Wide()
+    x = torch.randn(128, 128)
+    handle = register_hook(model, DumpConfig(dump_path=tmp_path))
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        assert handle.flush(timeout=60)
+        before = lwdump.index(handle.run_dir)
+        files = {p.name: p.read_bytes() for p in (handle.run_dir / "data").iterdir()}
+        os.kill(handle._writer._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        for _ in range(5):
+            model(x)
+    handle.close()
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert err == [
+        "layerwatch: capture stopped: the writer process was killed (SIGKILL) "
+        "(the model keeps running; tensors already written are intact)"
+    ]
+    assert handle.failed == err[0].removeprefix("layerwatch: ")
+    after = lwdump.index(handle.run_dir)
+    assert after[: len(before)] == before and after[-1]["k"] == "error"
+    for name, data in files.items():
+        assert (handle.run_dir / "data" / name).read_bytes() == data
+    manifest = json.loads((handle.run_dir / "manifest.json").read_text())
+    assert manifest["status"].startswith("error: capture stopped: the writer process was killed")
+
+
+MODEL_KILLED = """
+import os, signal, sys, torch
+os.environ["LAYERWATCH_WRITER"] = "process"
+from layerwatch.capture import DumpConfig, register_hook
+model = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(4)))
+handle = register_hook(model, DumpConfig(dump_path=sys.argv[1]))
+with torch.no_grad():
+    for _ in range(5):
+        model(torch.randn(2, 16))
+handle.flush()
+print(handle._writer._proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_model_process_killed_lets_the_writer_process_end(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", MODEL_KILLED, str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL
+    writer = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{writer}").exists() and time.monotonic() < deadline:
+        status = (
+            Path(f"/proc/{writer}/stat").read_text().split()[2]
+            if Path(f"/proc/{writer}/stat").exists()
+            else "X"
+        )
+        if status == "Z":  # ended; its parent died, so only init reaps it
+            break
+        time.sleep(0.05)
+    assert time.monotonic() < deadline, "the writer process is still running"
+    run = lwdump.rank_dir(tmp_path)
+    tokens = {t for (t, _, _) in lwdump.tensors(run)}
+    assert tokens == set(range(5))  # everything flushed before the kill is on disk
+
+
+def test_a_writer_process_that_cannot_start_leaves_the_writing_to_this_process(
+    tmp_path, monkeypatch
+):
+    from layerwatch.capture import writer_process
+
+    monkeypatch.setenv(ENV, "process")
+    monkeypatch.setattr(writer_process, "_CHILD", "import sys; sys.exit(3)")  # no layerwatch there
+    model = Wide()
+    x = torch.randn(128, 128)
+    with register_hook(model, DumpConfig(dump_path=tmp_path)) as handle, torch.no_grad():
+        for _ in range(3):
+            model(x)
+    assert handle.failed is None and handle._writer.local  # type: ignore[union-attr]
+    lines = lwdump.index(handle.run_dir)
+    assert {ln["token"] for ln in lines if ln["k"] == "t"} == {0, 1, 2}
+    assert lines[-1] == {"k": "end", "status": "complete", "tokens": 3, "tensors": 27}
+
+
+class Big(nn.Module):
+    """Arrays above stats.SMALL (reduced in the model process) beside small ones, a NaN in
+    one of each at odd steps (their exact statistics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(128, 512)
+        self.down = nn.Linear(512, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        h = self.up(x)
+        if self.calls % 2:
+            h = h.clone()
+            h[0, 0] = float("nan")
+        y = self.down(h)
+        return y if self.calls % 2 == 0 else y.masked_fill(y > 0.5, float("-inf"))
+
+
+def _big_run(out: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    monkeypatch.setenv(ENV, mode)
+    torch.manual_seed(0)
+    model = Big()
+    x = torch.randn(256, 128)  # 131 072 elements: large; the output 2 048: small
+    maps = ""
+    with register_hook(model, DumpConfig(dump_path=out, flush_interval=600.0)) as handle:
+        with torch.no_grad():
+            for _ in range(4):
+                model(x)
+                handle.flush()
+        proc = getattr(handle._writer, "_proc", None)
+        if proc is not None:
+            maps = Path(f"/proc/{proc.pid}/maps").read_text()
+    assert handle.failed is None
+    return handle.run_dir, maps  # type: ignore[return-value]
+
+
+def test_large_arrays_and_non_finite_ones_write_the_same_without_torch_there(tmp_path, monkeypatch):
+    thread, _ = _big_run(tmp_path / "thread", "thread", monkeypatch)
+    process, maps = _big_run(tmp_path / "process", "process", monkeypatch)
+    _same_dump(thread, process)
+    assert maps and "libtorch" not in maps  # the writer process never imported torch
+    stats = [ln["stats"] for ln in lwdump.index(process) if ln["k"] == "t" and ln["stats"]]
+    assert any(st["nan"] for st in stats) and any(st["inf"] for st in stats)
