@@ -311,6 +311,13 @@ class CompareSession(SessionState):
     def results_by_token(self) -> Iterator[list[PairResult]]:
         """:meth:`results` a token at a time, in the same order: a report of a long live
         session is written without every PairResult in memory at once."""
+        for part in self.report_parts():
+            yield part if isinstance(part, list) else self.settled_results(part)
+
+    def report_parts(self) -> Iterator[list[PairResult] | range]:
+        """:meth:`results_by_token`, where a token whose pairs are all settled comes as its
+        rows of the settled store (a range, for :meth:`settled_results` or
+        :meth:`settled_csv`): a CSV report is written from the store's columns."""
         with self._lock:
             live: dict[int, list[PairResult]] = {}
             for r in [p.eff for p in self._pairs.values() if p.eff is not None]:
@@ -320,12 +327,25 @@ class CompareSession(SessionState):
             tokens = sorted(live.keys() | self.settled.ranges.keys())
         for token in tokens:
             with self._lock:
-                out = live.pop(token, [])
-                mixed = bool(out)
-                out.extend(self.settled.results(self.settled.rows_of(token)))
-            if mixed:  # settled rows alone are stored in report order (``_settle_token``)
-                out.sort(key=findings.report_key)
+                out = live.pop(token, None)
+                rows = self.settled.rows_of(token)
+                if out is not None:
+                    out.extend(self.settled.results(rows))
+            if out is None:  # settled rows alone are stored in report order (``_settle_token``)
+                yield rows
+                continue
+            out.sort(key=findings.report_key)
             yield out
+
+    def settled_results(self, rows: range) -> list[PairResult]:
+        """The PairResults of settled ``rows`` (a part of :meth:`report_parts`)."""
+        with self._lock:
+            return list(self.settled.results(rows))
+
+    def settled_csv(self, rows: range, first_id: int) -> str:
+        """The CSV lines of settled ``rows``, ``data_id`` from ``first_id`` (settled.py)."""
+        with self._lock:
+            return self.settled.csv_text(rows, first_id)
 
     def cells(self) -> dict[tuple[int, int], CellUpdate]:
         """The current grid: (token, block) → cell, for every non-empty cell.

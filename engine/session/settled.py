@@ -23,11 +23,19 @@ from dataclasses import dataclass
 
 import numpy as np
 from layerwatch.engine.records import PairResult, Stats, TensorKey
+from layerwatch.engine.report import LINE_METRICS, NO_SIDE, line_text, side_text
 from layerwatch.engine.seam import CellUpdate
 from layerwatch.engine.session.cell_table import CellTable
 from layerwatch.engine.session.cells import aggregate, is_failure
 from layerwatch.engine.session.findings import failure_key
-from layerwatch.engine.session.store import CHUNK, READ_ROWS, ResultStore
+from layerwatch.engine.session.store import (
+    CHUNK,
+    NO_TENSOR,
+    READ_ROWS,
+    TOKEN_MARK,
+    VERDICTS,
+    ResultStore,
+)
 
 EXTRA = np.dtype(
     [
@@ -164,6 +172,70 @@ class SettledTokens:
             if result.target is not None and not (tmax != tmax and tmin != tmin and tmean != tmean):
                 result.target_stats = Stats(tmax, tmin, tmean, math.nan)
         return out
+
+    def csv_text(self, rows: range, first_id: int) -> str:
+        """The report's CSV lines of ``rows`` (``data_id`` from ``first_id``), written from
+        the store's columns: the bytes ``report.csv_line`` writes for :meth:`results` of
+        those rows (``tests/engine/session/test_live_store.py``), without a PairResult, two
+        records and their key and locators a pair (reading those back cost as much as the
+        lines themselves)."""
+        parts = []
+        for start in range(rows.start, rows.stop, READ_ROWS):
+            parts.append(self._csv_between(start, min(start + READ_ROWS, rows.stop), first_id))
+            first_id += READ_ROWS
+        return "".join(parts)
+
+    def _csv_between(self, start: int, stop: int, first_id: int) -> str:
+        store = self.store
+        rows = store.rows_between(start, stop)
+        if not len(rows):
+            return ""
+        col = store.columns(rows)
+        v, shapes, fsets = store.strings.values, store.shapes.values, store.failed_sets.values
+        verdicts = [verdict.value for verdict in VERDICTS]
+        stats = list(zip(*(col[name] for name in _STATS), strict=True))
+        wide = self._wide
+        tokens, node_types = col["token"], col["node_type"]
+        sides = [
+            [col[f"{p}_{name}"] for name in ("source", "path", "dtype", "shape")] for p in "gt"
+        ]
+        lines = []
+        for j, metrics in enumerate(store.metric_dicts(col)):
+            token = tokens[j]
+            node_type = v[node_types[j]]
+            texts = []
+            numbers = wide.get(start + j) or stats[j]
+            for k, (sources, paths, dtypes, shapes_of) in enumerate(sides):
+                path = paths[j]
+                if path == NO_TENSOR:
+                    texts.append(NO_SIDE)
+                    continue
+                hi, lo, mean = numbers[3 * k : 3 * k + 3]
+                source = v[sources[j]] if sources[j] >= 0 else ""
+                texts.append(
+                    side_text(
+                        source or (v[path].replace(TOKEN_MARK, str(token)) if path >= 0 else ""),
+                        node_type,
+                        v[dtypes[j]],
+                        shapes[shapes_of[j]],
+                        None if hi != hi and lo != lo and mean != mean else (hi, lo, mean),
+                    )
+                )
+            lines.append(
+                line_text(
+                    token,
+                    first_id + j,
+                    texts[0],
+                    texts[1],
+                    [metrics.get(name) for name in LINE_METRICS],
+                    verdicts[col["verdict"][j]],
+                    fsets[col["failed"][j]],
+                    v[col["reason"][j]],
+                    node_type,
+                    col["order"][j],
+                )
+            )
+        return "".join(lines)
 
     def ranks(self) -> set[int]:
         """The ranks among the settled pairs (read a chunk at a time)."""
