@@ -200,7 +200,7 @@ class SettledTokens:
             [col[f"{p}_{name}"] for name in ("source", "path", "dtype", "shape")] for p in "gt"
         ]
         lines = []
-        for j, metrics in enumerate(store.metric_dicts(col)):
+        for j, values in enumerate(store.metric_lists(col, LINE_METRICS)):
             token = tokens[j]
             node_type = v[node_types[j]]
             texts = []
@@ -227,7 +227,7 @@ class SettledTokens:
                     first_id + j,
                     texts[0],
                     texts[1],
-                    [metrics.get(name) for name in LINE_METRICS],
+                    values,
                     verdicts[col["verdict"][j]],
                     fsets[col["failed"][j]],
                     v[col["reason"][j]],

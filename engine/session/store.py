@@ -646,18 +646,43 @@ class ResultStore:
         """Each row's metrics (``col``: :meth:`columns` of consecutive rows), their values
         read from the pool once for all of them where they lie together."""
         sets = self.metric_sets.values
+        for m, got in zip(col["mset"], self._pooled(col), strict=True):
+            values = iter(got)
+            yield {name: next(values) if const is None else const for name, const in sets[m]}
+
+    def metric_lists(
+        self, col: dict[str, list[Any]], names: Sequence[str]
+    ) -> Iterator[list[float | None]]:
+        """Each row's values of ``names`` (None: not measured): what :meth:`metric_dicts`'
+        dict gives for them, without the dict (a report line's values: ``settled.csv_text``)."""
+        sets = self.metric_sets.values
+        plans = {}  # metric set → per name: (its offset among the pooled values, or -1; constant)
+        for m in set(col["mset"]):
+            at: dict[str, tuple[int, float | None]] = {}
+            pooled = 0
+            for name, const in sets[m]:
+                if const is None:
+                    at[name] = (pooled, None)
+                    pooled += 1
+                else:
+                    at[name] = (-1, const)
+            plans[m] = [at.get(name, (-1, None)) for name in names]
+        for m, got in zip(col["mset"], self._pooled(col), strict=True):
+            yield [got[k] if k >= 0 else const for k, const in plans[m]]
+
+    def _pooled(self, col: dict[str, list[Any]]) -> Iterator[list[float]]:
+        """Each row's pooled metric values (those not exactly +0.0 or 1.0), in its set's order."""
+        sets = self.metric_sets.values
         count_of = {m: sum(c is None for _, c in sets[m]) for m in set(col["mset"])}
-        names_of = [sets[m] for m in col["mset"]]
         counts = [count_of[m] for m in col["mset"]]
         mpos = col["mpos"]
         lo = min(p for p, c in zip(mpos, counts, strict=True) if c) if any(counts) else 0
         hi = max((p + c for p, c in zip(mpos, counts, strict=True) if c), default=lo)
         span = self._values(lo, hi - lo) if hi - lo <= 2 * sum(counts) + 4096 else None
-        for names, count, pos in zip(names_of, counts, mpos, strict=True):
-            got = iter(
+        for count, pos in zip(counts, mpos, strict=True):
+            yield (
                 span[pos - lo : pos - lo + count] if span is not None else self._values(pos, count)
             )
-            yield {name: next(got) if const is None else const for name, const in names}
 
     def rows(self, indices: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
         for i in range(self._n) if indices is None else indices:
