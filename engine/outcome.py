@@ -39,7 +39,9 @@ from layerwatch.capture.atomic import replacing, temp_path
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import PairResult, Verdict
 from layerwatch.engine.report import (
+    LINE_METRICS,
     dumps_json,
+    field_lines,
     json_head,
     json_report,
     json_row,
@@ -254,7 +256,8 @@ class ReportStream:
             elif self._fh is None:  # no file: the rows are counted, not read
                 self.rows += len(part)
             else:
-                data = session.settled_csv(part, self.rows).encode()
+                fields = session.settled_fields(part, LINE_METRICS)
+                data = field_lines(fields, self.rows).encode()
                 try:
                     self._undo = [(self._fh, self._fh.tell())]
                     self._fh.write(data)

@@ -242,6 +242,37 @@ def csv_line(result: PairResult, data_id: int) -> str:
     )
 
 
+def field_lines(rows: Iterable[tuple[Any, ...]], first_id: int) -> str:
+    """CSV lines of rows given as their fields (``settled.line_fields``: sides as
+    :func:`side_text`'s arguments or None, values of :data:`LINE_METRICS`), ``data_id`` from
+    ``first_id``: the bytes :func:`csv_line` writes for the same pairs."""
+    return "".join(
+        line_text(
+            token,
+            data_id,
+            NO_SIDE if golden is None else side_text(*golden),
+            NO_SIDE if target is None else side_text(*target),
+            values,
+            verdict,
+            failed,
+            reason,
+            node_type,
+            order,
+        )
+        for data_id, (
+            token,
+            golden,
+            target,
+            values,
+            verdict,
+            failed,
+            reason,
+            node_type,
+            order,
+        ) in enumerate(rows, first_id)
+    )
+
+
 def line_text(
     token: int,
     data_id: int,

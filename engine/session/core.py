@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -43,7 +43,7 @@ from layerwatch.engine.session.cells import aggregate, merge_cells, rank_cells, 
 from layerwatch.engine.session.findings import part_of
 from layerwatch.engine.session.jobs import CompareFn, JobRunner, Work, rejudge
 from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
-from layerwatch.engine.session.settled import SettledTokens
+from layerwatch.engine.session.settled import LineFields, SettledTokens
 from layerwatch.engine.session.state import SIDES, SessionState
 
 if TYPE_CHECKING:
@@ -317,7 +317,7 @@ class CompareSession(SessionState):
     def report_parts(self) -> Iterator[list[PairResult] | range]:
         """:meth:`results_by_token`, where a token whose pairs are all settled comes as its
         rows of the settled store (a range, for :meth:`settled_results` or
-        :meth:`settled_csv`): a CSV report is written from the store's columns."""
+        :meth:`settled_fields`): a CSV report is written from the store's columns."""
         with self._lock:
             live: dict[int, list[PairResult]] = {}
             for r in [p.eff for p in self._pairs.values() if p.eff is not None]:
@@ -342,10 +342,10 @@ class CompareSession(SessionState):
         with self._lock:
             return list(self.settled.results(rows))
 
-    def settled_csv(self, rows: range, first_id: int) -> str:
-        """The CSV lines of settled ``rows``, ``data_id`` from ``first_id`` (settled.py)."""
+    def settled_fields(self, rows: range, names: Sequence[str]) -> list[LineFields]:
+        """The report-line fields of settled ``rows``, ``names`` their metrics (settled.py)."""
         with self._lock:
-            return self.settled.csv_text(rows, first_id)
+            return list(self.settled.line_fields(rows, names))
 
     def cells(self) -> dict[tuple[int, int], CellUpdate]:
         """The current grid: (token, block) → cell, for every non-empty cell.

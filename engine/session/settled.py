@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from layerwatch.engine.records import PairResult, Stats, TensorKey
-from layerwatch.engine.report import LINE_METRICS, NO_SIDE, line_text, side_text
 from layerwatch.engine.seam import CellUpdate
 from layerwatch.engine.session.cell_table import CellTable
 from layerwatch.engine.session.cells import aggregate, is_failure
@@ -53,6 +53,12 @@ EXTRA = np.dtype(
 max/min/mean (NaN: none). A tensor's max and min are its own elements, exact in float32 for
 every dtype up to fp32; a row whose are not (fp64 tensors) keeps them exactly on the side."""
 _STATS = ("g_max", "g_min", "g_mean", "t_max", "t_min", "t_mean")
+SideFields = tuple[str, str, str, tuple[int, ...], tuple[float, float, float] | None]
+"""A report line's side: path, node type, dtype, shape, (max, min, mean) or None."""
+LineFields = tuple[
+    int, SideFields | None, SideFields | None, list[Any], str, tuple[str, ...], str, str, int
+]
+"""A report line's fields (:meth:`SettledTokens.line_fields`)."""
 
 
 @dataclass(slots=True)
@@ -173,23 +179,23 @@ class SettledTokens:
                 result.target_stats = Stats(tmax, tmin, tmean, math.nan)
         return out
 
-    def csv_text(self, rows: range, first_id: int) -> str:
-        """The report's CSV lines of ``rows`` (``data_id`` from ``first_id``), written from
-        the store's columns: the bytes ``report.csv_line`` writes for :meth:`results` of
-        those rows (``tests/engine/session/test_live_store.py``), without a PairResult, two
+    def line_fields(self, rows: range, names: Sequence[str]) -> Iterator[LineFields]:
+        """What a report line of each of ``rows`` holds, read from the store's columns a block
+        at a time: (token, golden side, target side, the values of ``names``, verdict, failed
+        metrics, reason, node type, order); a side is (path, node type, dtype, shape, its
+        (max, min, mean) or None), None when the pair has no tensor there. The fields
+        :meth:`results` of those rows give (``report.field_lines`` writes ``csv_line``'s bytes
+        from them, ``tests/engine/session/test_live_store.py``) without a PairResult, two
         records and their key and locators a pair (reading those back cost as much as the
         lines themselves)."""
-        parts = []
         for start in range(rows.start, rows.stop, READ_ROWS):
-            parts.append(self._csv_between(start, min(start + READ_ROWS, rows.stop), first_id))
-            first_id += READ_ROWS
-        return "".join(parts)
+            yield from self._fields_between(start, min(start + READ_ROWS, rows.stop), names)
 
-    def _csv_between(self, start: int, stop: int, first_id: int) -> str:
+    def _fields_between(self, start: int, stop: int, names: Sequence[str]) -> list[LineFields]:
         store = self.store
         rows = store.rows_between(start, stop)
         if not len(rows):
-            return ""
+            return []
         col = store.columns(rows)
         v, shapes, fsets = store.strings.values, store.shapes.values, store.failed_sets.values
         verdicts = [verdict.value for verdict in VERDICTS]
@@ -199,21 +205,21 @@ class SettledTokens:
         sides = [
             [col[f"{p}_{name}"] for name in ("source", "path", "dtype", "shape")] for p in "gt"
         ]
-        lines = []
-        for j, values in enumerate(store.metric_lists(col, LINE_METRICS)):
+        out: list[LineFields] = []
+        for j, values in enumerate(store.metric_lists(col, names)):
             token = tokens[j]
             node_type = v[node_types[j]]
-            texts = []
+            fields: list[SideFields | None] = []
             numbers = wide.get(start + j) or stats[j]
             for k, (sources, paths, dtypes, shapes_of) in enumerate(sides):
                 path = paths[j]
                 if path == NO_TENSOR:
-                    texts.append(NO_SIDE)
+                    fields.append(None)
                     continue
                 hi, lo, mean = numbers[3 * k : 3 * k + 3]
                 source = v[sources[j]] if sources[j] >= 0 else ""
-                texts.append(
-                    side_text(
+                fields.append(
+                    (
                         source or (v[path].replace(TOKEN_MARK, str(token)) if path >= 0 else ""),
                         node_type,
                         v[dtypes[j]],
@@ -221,12 +227,11 @@ class SettledTokens:
                         None if hi != hi and lo != lo and mean != mean else (hi, lo, mean),
                     )
                 )
-            lines.append(
-                line_text(
+            out.append(
+                (
                     token,
-                    first_id + j,
-                    texts[0],
-                    texts[1],
+                    fields[0],
+                    fields[1],
                     values,
                     verdicts[col["verdict"][j]],
                     fsets[col["failed"][j]],
@@ -235,7 +240,7 @@ class SettledTokens:
                     col["order"][j],
                 )
             )
-        return "".join(lines)
+        return out
 
     def ranks(self) -> set[int]:
         """The ranks among the settled pairs (read a chunk at a time)."""

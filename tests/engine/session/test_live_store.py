@@ -123,7 +123,7 @@ def test_a_live_session_in_the_store_equals_the_whole_run_session(
     lines, data_id = [], 0
     for part in live.report_parts():
         if isinstance(part, range):
-            text = live.settled_csv(part, data_id)
+            text = report.field_lines(live.settled_fields(part, report.LINE_METRICS), data_id)
             assert text == "".join(
                 report.csv_line(r, i) for i, r in enumerate(live.settled_results(part), data_id)
             )
