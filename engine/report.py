@@ -182,7 +182,7 @@ def side_text(
     path: str, node_type: str, dtype: str, shape: Any, stats: tuple[Any, Any, Any] | None
 ) -> str:
     """:func:`_side`'s 7 cells, joined, from a side's fields (a record's, or a stored row's:
-    ``settled.csv_text``): path, op type, dtype and shape from a cache, the statistics
+    ``report.field_lines``): path, op type, dtype and shape from a cache, the statistics
     (max, min, mean) as :func:`_num` writes them."""
     key: tuple[Any, ...] | None = (path, node_type, dtype, shape)
     try:

@@ -654,7 +654,7 @@ class ResultStore:
         self, col: dict[str, list[Any]], names: Sequence[str]
     ) -> Iterator[list[float | None]]:
         """Each row's values of ``names`` (None: not measured): what :meth:`metric_dicts`'
-        dict gives for them, without the dict (a report line's values: ``settled.csv_text``)."""
+        dict gives for them, without the dict (a report line's values: ``settled.line_fields``)."""
         sets = self.metric_sets.values
         plans = {}  # metric set → per name: (its offset among the pooled values, or -1; constant)
         for m in set(col["mset"]):
