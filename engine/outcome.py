@@ -39,7 +39,9 @@ from layerwatch.capture.atomic import replacing, temp_path
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import PairResult, Verdict
 from layerwatch.engine.report import (
+    LINE_METRICS,
     dumps_json,
+    field_lines,
     json_head,
     json_report,
     json_row,
@@ -241,6 +243,28 @@ class ReportStream:
         except OSError as exc:
             raise self._error(exc) from None
 
+    def add_parts(self, session: Any) -> None:
+        """Every row of a live session, a token at a time (``report_parts``, core.py): a
+        settled token's straight from the store's columns where only CSV lines are written
+        (the same bytes as its PairResults give), else its PairResults."""
+        lines_only = self._json_rows is None and self._parquet is None and self.kind != "jsonl"
+        for part in session.report_parts():
+            if isinstance(part, list):
+                self.add(part)
+            elif not lines_only:
+                self.add(session.settled_results(part))
+            elif self._fh is None:  # no file: the rows are counted, not read
+                self.rows += len(part)
+            else:
+                fields = session.settled_fields(part, LINE_METRICS)
+                data = field_lines(fields, self.rows).encode()
+                try:
+                    self._undo = [(self._fh, self._fh.tell())]
+                    self._fh.write(data)
+                    self.rows, self._undo = self.rows + len(part), []
+                except OSError as exc:
+                    raise self._error(exc) from None
+
     def finish(self, session: Any, incomplete: str = "") -> None:
         """The report's head (summary, findings) from ``session``; rename the file in."""
         head = _report_object(session)
@@ -324,8 +348,7 @@ def write_report(
     """
     stream = ReportStream(path)
     if results is None and hasattr(session, "results_by_token"):  # a live session: by token
-        for part in session.results_by_token():
-            stream.add(part)
+        stream.add_parts(session)
     else:
         stream.add(session.results() if results is None else results)
     stream.finish(session)
@@ -380,8 +403,7 @@ def conclude(
     """
     if stream is None and hasattr(session, "results_by_token"):  # a live session: by token
         stream = ReportStream(output, out if as_json else None)
-        for part in session.results_by_token():
-            stream.add(part)
+        stream.add_parts(session)
         if not stream.rows:
             stream.discard()
             raise LayerwatchError(f"nothing to compare: {empty}")

@@ -178,24 +178,27 @@ def _field(text: str) -> str:
     return text
 
 
-def _side_text(record: TensorRecord, stats: Stats | None) -> str:
-    """:func:`_side`'s 7 cells, joined: the first four from a cache, the statistics as
-    :func:`_num` writes them."""
-    path = record.source or (record.loc.path if record.loc else "")
-    key: tuple[Any, ...] | None = (path, record.node_type, record.dtype, record.shape)
+def side_text(
+    path: str, node_type: str, dtype: str, shape: Any, stats: tuple[Any, Any, Any] | None
+) -> str:
+    """:func:`_side`'s 7 cells, joined, from a side's fields (a record's, or a stored row's:
+    ``report.field_lines``): path, op type, dtype and shape from a cache, the statistics
+    (max, min, mean) as :func:`_num` writes them."""
+    key: tuple[Any, ...] | None = (path, node_type, dtype, shape)
     try:
         head = _SIDE_TEXT.get(key)  # type: ignore[arg-type]
     except TypeError:  # a shape given as a list
         key, head = None, None
     if head is None:
-        head = ",".join(_field(cell) for cell in _side(record)[:4])
+        torch_dtype = dtype if dtype.startswith("torch.") else f"torch.{dtype}"
+        head = ",".join(_field(cell) for cell in (path, node_type, torch_dtype, str(list(shape))))
         if key is not None:
             if len(_SIDE_TEXT) >= _CACHE_LIMIT:
                 _SIDE_TEXT.clear()
             _SIDE_TEXT[key] = head
     if stats is None:
         return head + ",,,"
-    hi, lo, mean = stats.max, stats.min, stats.mean
+    hi, lo, mean = stats
     return (
         f"{head},{repr(hi) if hi.__class__ is float else _num(hi)},"
         f"{repr(lo) if lo.__class__ is float else _num(lo)},"
@@ -203,8 +206,20 @@ def _side_text(record: TensorRecord, stats: Stats | None) -> str:
     )
 
 
-_NO_SIDE = ",,,,,,"
-_LINE_METRICS = (*MSIT_METRICS, LOCAL, INPUT_ERR)
+def _side_text(record: TensorRecord, stats: Stats | None) -> str:
+    return side_text(
+        record.source or (record.loc.path if record.loc else ""),
+        record.node_type,
+        record.dtype,
+        record.shape,
+        None if stats is None else (stats.max, stats.min, stats.mean),
+    )
+
+
+NO_SIDE = ",,,,,,"
+"""A missing side's 7 cells."""
+LINE_METRICS = (*MSIT_METRICS, LOCAL, INPUT_ERR)
+"""The metrics a CSV line writes, in its order."""
 _N_MSIT = len(MSIT_METRICS)
 
 
@@ -212,24 +227,80 @@ def csv_line(result: PairResult, data_id: int) -> str:
     """One report line: the cells of :func:`csv_row` as ``csv.writer`` writes them, ending in
     ``\\n`` (the same bytes, ``tests/engine/test_pair_rate_paths.py``), without a call a cell."""
     get = result.metrics.get
+    golden, target = result.golden, result.target
+    return line_text(
+        result.key.token,
+        data_id,
+        NO_SIDE if golden is None else _side_text(golden, golden.stats or result.golden_stats),
+        NO_SIDE if target is None else _side_text(target, target.stats or result.target_stats),
+        [get(name) for name in LINE_METRICS],
+        result.verdict.value,
+        result.failed,
+        result.reason,
+        result.node_type,
+        result.order,
+    )
+
+
+def field_lines(rows: Iterable[tuple[Any, ...]], first_id: int) -> str:
+    """CSV lines of rows given as their fields (``settled.line_fields``: sides as
+    :func:`side_text`'s arguments or None, values of :data:`LINE_METRICS`), ``data_id`` from
+    ``first_id``: the bytes :func:`csv_line` writes for the same pairs."""
+    return "".join(
+        line_text(
+            token,
+            data_id,
+            NO_SIDE if golden is None else side_text(*golden),
+            NO_SIDE if target is None else side_text(*target),
+            values,
+            verdict,
+            failed,
+            reason,
+            node_type,
+            order,
+        )
+        for data_id, (
+            token,
+            golden,
+            target,
+            values,
+            verdict,
+            failed,
+            reason,
+            node_type,
+            order,
+        ) in enumerate(rows, first_id)
+    )
+
+
+def line_text(
+    token: int,
+    data_id: int,
+    golden: str,
+    target: str,
+    values: list[Any],
+    verdict: str,
+    failed: tuple[str, ...],
+    reason: str,
+    node_type: str,
+    order: int,
+) -> str:
+    """A CSV line from a pair's fields (:func:`csv_line`'s, or a stored row's): the sides'
+    texts (:func:`side_text`) and the values of :data:`LINE_METRICS` (None: not measured)."""
     numbers = [
         ""
         if v is None
         else repr(v)
         if v.__class__ is float
         else _num(v)  # an int or a numpy scalar: as float, as _num writes it
-        for v in [get(name) for name in _LINE_METRICS]
+        for v in values
     ]
-    verdict = result.verdict.value
-    reason = _field(result.reason)
-    golden, target = result.golden, result.target
-    g = _NO_SIDE if golden is None else _side_text(golden, golden.stats or result.golden_stats)
-    t = _NO_SIDE if target is None else _side_text(target, target.stats or result.target_stats)
+    reason = _field(reason)
     return (
-        f"{result.key.token!s},{data_id},{g},{t},{','.join(numbers[:_N_MSIT])},"
+        f"{token!s},{data_id},{golden},{target},{','.join(numbers[:_N_MSIT])},"
         f"{reason if verdict in ('error', 'unpaired') else ''},{_field(verdict)},"
-        f"{_field(';'.join(result.failed))},{reason},{_field(result.node_type)},"
-        f"{result.order!s},{numbers[_N_MSIT]},{numbers[_N_MSIT + 1]}\n"
+        f"{_field(';'.join(failed))},{reason},{_field(node_type)},"
+        f"{order!s},{numbers[_N_MSIT]},{numbers[_N_MSIT + 1]}\n"
     )
 
 

@@ -19,7 +19,7 @@ from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.blas import limit_blas_threads
 from layerwatch.engine.numerics.logits import LogitsAccumulator, row_blocks
 from layerwatch.engine.numerics.metrics import MetricAccumulator, paired_chunks
-from layerwatch.engine.numerics.segments import BATCH, SMALL, small_accumulators
+from layerwatch.engine.numerics.segments import BATCH, SMALL, small_results
 from layerwatch.engine.numerics.statistics import stats_metrics, stats_of, tensor_stats
 from layerwatch.engine.readers.load import (
     ChunkDecoder,
@@ -380,10 +380,11 @@ def _compare_small(
             continue
         arrays.append((g, t))
         loaded.append(result)
-    accs = small_accumulators(arrays, floor, side_stats=side_stats)
-    for result, acc in zip(loaded, accs, strict=True):
-        _keep_stats(result, acc.side_stats() if side_stats else None)
-        _judged(result, acc.result(), thresholds)
+    for result, (metrics, stats) in zip(
+        loaded, small_results(arrays, floor, side_stats=side_stats), strict=True
+    ):
+        _keep_stats(result, stats)
+        _judged(result, metrics, thresholds)
 
 
 def tensor_measure(

@@ -295,40 +295,79 @@ class MetricAccumulator:
     # -- reading -------------------------------------------------------------------------
     def result(self) -> dict[str, float]:
         self._fold()
-        nf = self.n_finite
-        ng, nt = math.sqrt(self.gg), math.sqrt(self.tt)
-        if ng == 0.0 and nt == 0.0:
-            cos = 1.0
-        elif ng == 0.0 or nt == 0.0:
-            cos = 0.0
-        elif self.dd <= ng * nt:
-            # Close vectors: 1 - cos from the difference norm keeps its digits (error ~ε·‖d‖²/‖g‖‖t‖).
-            cos = 1.0 - min(max((self.dd - (ng - nt) ** 2) / (2.0 * ng * nt), 0.0), 2.0)
-        else:
-            # Far apart (or norms orders of magnitude apart): the plain quotient is exact to ~ε.
-            cos = min(max(self.gt / (ng * nt), -1.0), 1.0)
-        nd = math.sqrt(self.dd)
-        red = nd / ng if ng > 0.0 else (math.inf if nd > 0.0 else 0.0)
-        norm_rel = abs(nt - ng) / ng if ng > 0.0 else (math.inf if nt > 0.0 else 0.0)
-        out = {
-            COSINE: cos,
-            MAX_REL: self.max_rel,
-            MEAN_REL: self.sum_rel / nf if nf else 0.0,
-            MAX_ABS: self.max_abs,
-            MEAN_ABS: self.sum_abs / nf if nf else 0.0,
-            RED: red,
-            NORM_REL: norm_rel,
-            ONE_THOUSANDTH: self.c1 / nf if nf else 1.0,
-            FIVE_THOUSANDTHS: self.c5 / nf if nf else 1.0,
-            NAN_MISMATCH: float(self.mismatch),
-            NAN_GOLDEN: float(self.nan_g),
-            NAN_TARGET: float(self.nan_t),
-            INF_GOLDEN: float(self.inf_g),
-            INF_TARGET: float(self.inf_t),
-        }
+        out = metric_values(
+            self.n_finite,
+            self.gg,
+            self.tt,
+            self.gt,
+            self.dd,
+            self.max_abs,
+            self.sum_abs,
+            self.max_rel,
+            self.sum_rel,
+            self.c1,
+            self.c5,
+            self.mismatch,
+            self.nan_g,
+            self.nan_t,
+            self.inf_g,
+            self.inf_t,
+        )
         if self.exact:
             out[EXACT] = self.equal / self.n if self.n else 1.0
         return out
+
+
+def metric_values(
+    nf: int,
+    gg: float,
+    tt: float,
+    gt: float,
+    dd: float,
+    max_abs: float,
+    sum_abs: float,
+    max_rel: float,
+    sum_rel: float,
+    c1: int,
+    c5: int,
+    mismatch: int = 0,
+    nan_g: int = 0,
+    nan_t: int = 0,
+    inf_g: int = 0,
+    inf_t: int = 0,
+) -> dict[str, float]:
+    """A pair's metrics from its sums over ``nf`` finite positions (:meth:`MetricAccumulator.result`
+    for one accumulator, ``segments.small_results`` for a batch without one a pair)."""
+    ng, nt = math.sqrt(gg), math.sqrt(tt)
+    if ng == 0.0 and nt == 0.0:
+        cos = 1.0
+    elif ng == 0.0 or nt == 0.0:
+        cos = 0.0
+    elif dd <= ng * nt:
+        # Close vectors: 1 - cos from the difference norm keeps its digits (error ~ε·‖d‖²/‖g‖‖t‖).
+        cos = 1.0 - min(max((dd - (ng - nt) ** 2) / (2.0 * ng * nt), 0.0), 2.0)
+    else:
+        # Far apart (or norms orders of magnitude apart): the plain quotient is exact to ~ε.
+        cos = min(max(gt / (ng * nt), -1.0), 1.0)
+    nd = math.sqrt(dd)
+    red = nd / ng if ng > 0.0 else (math.inf if nd > 0.0 else 0.0)
+    norm_rel = abs(nt - ng) / ng if ng > 0.0 else (math.inf if nt > 0.0 else 0.0)
+    return {
+        COSINE: cos,
+        MAX_REL: max_rel,
+        MEAN_REL: sum_rel / nf if nf else 0.0,
+        MAX_ABS: max_abs,
+        MEAN_ABS: sum_abs / nf if nf else 0.0,
+        RED: red,
+        NORM_REL: norm_rel,
+        ONE_THOUSANDTH: c1 / nf if nf else 1.0,
+        FIVE_THOUSANDTHS: c5 / nf if nf else 1.0,
+        NAN_MISMATCH: float(mismatch),
+        NAN_GOLDEN: float(nan_g),
+        NAN_TARGET: float(nan_t),
+        INF_GOLDEN: float(inf_g),
+        INF_TARGET: float(inf_t),
+    }
 
 
 _SCRATCH = threading.local()

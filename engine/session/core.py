@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -43,7 +43,7 @@ from layerwatch.engine.session.cells import aggregate, merge_cells, rank_cells, 
 from layerwatch.engine.session.findings import part_of
 from layerwatch.engine.session.jobs import CompareFn, JobRunner, Work, rejudge
 from layerwatch.engine.session.pairing import MappingSpec, Pairer, load_mapping
-from layerwatch.engine.session.settled import SettledTokens
+from layerwatch.engine.session.settled import LineFields, SettledTokens
 from layerwatch.engine.session.state import SIDES, SessionState
 
 if TYPE_CHECKING:
@@ -311,6 +311,13 @@ class CompareSession(SessionState):
     def results_by_token(self) -> Iterator[list[PairResult]]:
         """:meth:`results` a token at a time, in the same order: a report of a long live
         session is written without every PairResult in memory at once."""
+        for part in self.report_parts():
+            yield part if isinstance(part, list) else self.settled_results(part)
+
+    def report_parts(self) -> Iterator[list[PairResult] | range]:
+        """:meth:`results_by_token`, where a token whose pairs are all settled comes as its
+        rows of the settled store (a range, for :meth:`settled_results` or
+        :meth:`settled_fields`): a CSV report is written from the store's columns."""
         with self._lock:
             live: dict[int, list[PairResult]] = {}
             for r in [p.eff for p in self._pairs.values() if p.eff is not None]:
@@ -320,12 +327,25 @@ class CompareSession(SessionState):
             tokens = sorted(live.keys() | self.settled.ranges.keys())
         for token in tokens:
             with self._lock:
-                out = live.pop(token, [])
-                mixed = bool(out)
-                out.extend(self.settled.results(self.settled.rows_of(token)))
-            if mixed:  # settled rows alone are stored in report order (``_settle_token``)
-                out.sort(key=findings.report_key)
+                out = live.pop(token, None)
+                rows = self.settled.rows_of(token)
+                if out is not None:
+                    out.extend(self.settled.results(rows))
+            if out is None:  # settled rows alone are stored in report order (``_settle_token``)
+                yield rows
+                continue
+            out.sort(key=findings.report_key)
             yield out
+
+    def settled_results(self, rows: range) -> list[PairResult]:
+        """The PairResults of settled ``rows`` (a part of :meth:`report_parts`)."""
+        with self._lock:
+            return list(self.settled.results(rows))
+
+    def settled_fields(self, rows: range, names: Sequence[str]) -> list[LineFields]:
+        """The report-line fields of settled ``rows``, ``names`` their metrics (settled.py)."""
+        with self._lock:
+            return list(self.settled.line_fields(rows, names))
 
     def cells(self) -> dict[tuple[int, int], CellUpdate]:
         """The current grid: (token, block) → cell, for every non-empty cell.

@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from layerwatch.engine.records import PairResult, Stats, TensorKey
@@ -27,7 +28,14 @@ from layerwatch.engine.seam import CellUpdate
 from layerwatch.engine.session.cell_table import CellTable
 from layerwatch.engine.session.cells import aggregate, is_failure
 from layerwatch.engine.session.findings import failure_key
-from layerwatch.engine.session.store import CHUNK, READ_ROWS, ResultStore
+from layerwatch.engine.session.store import (
+    CHUNK,
+    NO_TENSOR,
+    READ_ROWS,
+    TOKEN_MARK,
+    VERDICTS,
+    ResultStore,
+)
 
 EXTRA = np.dtype(
     [
@@ -45,6 +53,12 @@ EXTRA = np.dtype(
 max/min/mean (NaN: none). A tensor's max and min are its own elements, exact in float32 for
 every dtype up to fp32; a row whose are not (fp64 tensors) keeps them exactly on the side."""
 _STATS = ("g_max", "g_min", "g_mean", "t_max", "t_min", "t_mean")
+SideFields = tuple[str, str, str, tuple[int, ...], tuple[float, float, float] | None]
+"""A report line's side: path, node type, dtype, shape, (max, min, mean) or None."""
+LineFields = tuple[
+    int, SideFields | None, SideFields | None, list[Any], str, tuple[str, ...], str, str, int
+]
+"""A report line's fields (:meth:`SettledTokens.line_fields`)."""
 
 
 @dataclass(slots=True)
@@ -163,6 +177,69 @@ class SettledTokens:
                 result.golden_stats = Stats(gmax, gmin, gmean, math.nan)
             if result.target is not None and not (tmax != tmax and tmin != tmin and tmean != tmean):
                 result.target_stats = Stats(tmax, tmin, tmean, math.nan)
+        return out
+
+    def line_fields(self, rows: range, names: Sequence[str]) -> Iterator[LineFields]:
+        """What a report line of each of ``rows`` holds, read from the store's columns a block
+        at a time: (token, golden side, target side, the values of ``names``, verdict, failed
+        metrics, reason, node type, order); a side is (path, node type, dtype, shape, its
+        (max, min, mean) or None), None when the pair has no tensor there. The fields
+        :meth:`results` of those rows give (``report.field_lines`` writes ``csv_line``'s bytes
+        from them, ``tests/engine/session/test_live_store.py``) without a PairResult, two
+        records and their key and locators a pair (reading those back cost as much as the
+        lines themselves)."""
+        for start in range(rows.start, rows.stop, READ_ROWS):
+            yield from self._fields_between(start, min(start + READ_ROWS, rows.stop), names)
+
+    def _fields_between(self, start: int, stop: int, names: Sequence[str]) -> list[LineFields]:
+        store = self.store
+        rows = store.rows_between(start, stop)
+        if not len(rows):
+            return []
+        col = store.columns(rows)
+        v, shapes, fsets = store.strings.values, store.shapes.values, store.failed_sets.values
+        verdicts = [verdict.value for verdict in VERDICTS]
+        stats = list(zip(*(col[name] for name in _STATS), strict=True))
+        wide = self._wide
+        tokens, node_types = col["token"], col["node_type"]
+        sides = [
+            [col[f"{p}_{name}"] for name in ("source", "path", "dtype", "shape")] for p in "gt"
+        ]
+        out: list[LineFields] = []
+        for j, values in enumerate(store.metric_lists(col, names)):
+            token = tokens[j]
+            node_type = v[node_types[j]]
+            fields: list[SideFields | None] = []
+            numbers = wide.get(start + j) or stats[j]
+            for k, (sources, paths, dtypes, shapes_of) in enumerate(sides):
+                path = paths[j]
+                if path == NO_TENSOR:
+                    fields.append(None)
+                    continue
+                hi, lo, mean = numbers[3 * k : 3 * k + 3]
+                source = v[sources[j]] if sources[j] >= 0 else ""
+                fields.append(
+                    (
+                        source or (v[path].replace(TOKEN_MARK, str(token)) if path >= 0 else ""),
+                        node_type,
+                        v[dtypes[j]],
+                        shapes[shapes_of[j]],
+                        None if hi != hi and lo != lo and mean != mean else (hi, lo, mean),
+                    )
+                )
+            out.append(
+                (
+                    token,
+                    fields[0],
+                    fields[1],
+                    values,
+                    verdicts[col["verdict"][j]],
+                    fsets[col["failed"][j]],
+                    v[col["reason"][j]],
+                    node_type,
+                    col["order"][j],
+                )
+            )
         return out
 
     def ranks(self) -> set[int]:

@@ -49,8 +49,9 @@ reused rather than left to grow the heap."""
 CACHED = 4
 """Reads of spilled rows kept in RAM (the detail pane, a window of the grid)."""
 
-_VERDICTS = tuple(Verdict)
-_VERDICT_ID = {v: i for i, v in enumerate(_VERDICTS)}
+VERDICTS = tuple(Verdict)
+"""Verdicts by their stored id."""
+_VERDICT_ID = {v: i for i, v in enumerate(VERDICTS)}
 _SIDE = [("path", "<i4"), ("offset", "<i8"), ("nbytes", "<i8"), ("shape", "<i4"), ("dtype", "<i2")]
 
 ROW = np.dtype(
@@ -534,7 +535,7 @@ class ResultStore:
         return TensorKey(int(row["token"]), v[row["node"]], v[row["stem"]], int(row["rank"]))
 
     def verdict(self, i: int) -> Verdict:
-        return _VERDICTS[int(self._row(i)["verdict"])]
+        return VERDICTS[int(self._row(i)["verdict"])]
 
     def row(self, i: int) -> dict[str, Any]:
         """The pair's ``--json`` row (``PairResult.to_json``'s shape, non-finite metrics kept)."""
@@ -545,7 +546,7 @@ class ResultStore:
             "node": key.node,
             "tensor": key.stem,
             "rank": key.rank,
-            "verdict": _VERDICTS[int(row["verdict"])].value,
+            "verdict": VERDICTS[int(row["verdict"])].value,
             "metrics": self.metrics(i),
             "reason": self.strings.values[row["reason"]],
         }
@@ -601,25 +602,12 @@ class ResultStore:
         rows = self.rows_between(start, stop)
         if not len(rows):
             return [], rows
-        col = {name: rows[name].tolist() for name in self.dtype.names or ()}
-        sets = self.metric_sets.values
-        count_of = {m: sum(c is None for _, c in sets[m]) for m in set(col["mset"])}
-        names_of = [sets[m] for m in col["mset"]]
-        counts = [count_of[m] for m in col["mset"]]
-        mpos = col["mpos"]
-        lo = min(p for p, c in zip(mpos, counts, strict=True) if c) if any(counts) else 0
-        hi = max((p + c for p, c in zip(mpos, counts, strict=True) if c), default=lo)
-        span = self._values(lo, hi - lo) if hi - lo <= 2 * sum(counts) + 4096 else None
+        col = self.columns(rows)
         v, shapes, fsets = self.strings.values, self.shapes.values, self.failed_sets.values
         out = []
-        for j in range(len(rows)):
+        for j, metrics in enumerate(self.metric_dicts(col)):
             token = col["token"][j]
             key = TensorKey(token, v[col["node"][j]], v[col["stem"][j]], col["rank"][j])
-            names, count, pos = names_of[j], counts[j], mpos[j]
-            got = iter(
-                span[pos - lo : pos - lo + count] if span is not None else self._values(pos, count)
-            )
-            metrics = {name: next(got) if const is None else const for name, const in names}
             node_type = v[col["node_type"][j]]
             sides = [
                 self._record(
@@ -636,7 +624,7 @@ class ResultStore:
             out.append(
                 PairResult(
                     key,
-                    _VERDICTS[col["verdict"][j]],
+                    VERDICTS[col["verdict"][j]],
                     metrics,
                     fsets[col["failed"][j]],
                     v[col["reason"][j]],
@@ -649,6 +637,52 @@ class ResultStore:
                 )
             )
         return out, rows
+
+    def columns(self, rows: np.ndarray) -> dict[str, list[Any]]:
+        """Each field of ``rows`` (from :meth:`rows_between`) as a list."""
+        return {name: rows[name].tolist() for name in rows.dtype.names or ()}
+
+    def metric_dicts(self, col: dict[str, list[Any]]) -> Iterator[dict[str, float]]:
+        """Each row's metrics (``col``: :meth:`columns` of consecutive rows), their values
+        read from the pool once for all of them where they lie together."""
+        sets = self.metric_sets.values
+        for m, got in zip(col["mset"], self._pooled(col), strict=True):
+            values = iter(got)
+            yield {name: next(values) if const is None else const for name, const in sets[m]}
+
+    def metric_lists(
+        self, col: dict[str, list[Any]], names: Sequence[str]
+    ) -> Iterator[list[float | None]]:
+        """Each row's values of ``names`` (None: not measured): what :meth:`metric_dicts`'
+        dict gives for them, without the dict (a report line's values: ``settled.line_fields``)."""
+        sets = self.metric_sets.values
+        plans = {}  # metric set → per name: (its offset among the pooled values, or -1; constant)
+        for m in set(col["mset"]):
+            at: dict[str, tuple[int, float | None]] = {}
+            pooled = 0
+            for name, const in sets[m]:
+                if const is None:
+                    at[name] = (pooled, None)
+                    pooled += 1
+                else:
+                    at[name] = (-1, const)
+            plans[m] = [at.get(name, (-1, None)) for name in names]
+        for m, got in zip(col["mset"], self._pooled(col), strict=True):
+            yield [got[k] if k >= 0 else const for k, const in plans[m]]
+
+    def _pooled(self, col: dict[str, list[Any]]) -> Iterator[list[float]]:
+        """Each row's pooled metric values (those not exactly +0.0 or 1.0), in its set's order."""
+        sets = self.metric_sets.values
+        count_of = {m: sum(c is None for _, c in sets[m]) for m in set(col["mset"])}
+        counts = [count_of[m] for m in col["mset"]]
+        mpos = col["mpos"]
+        lo = min(p for p, c in zip(mpos, counts, strict=True) if c) if any(counts) else 0
+        hi = max((p + c for p, c in zip(mpos, counts, strict=True) if c), default=lo)
+        span = self._values(lo, hi - lo) if hi - lo <= 2 * sum(counts) + 4096 else None
+        for count, pos in zip(counts, mpos, strict=True):
+            yield (
+                span[pos - lo : pos - lo + count] if span is not None else self._values(pos, count)
+            )
 
     def rows(self, indices: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
         for i in range(self._n) if indices is None else indices:

@@ -356,3 +356,40 @@ def test_side_ids_remembered_give_each_pair_its_own_file_back(
                 want.loc.dtype,
             )
             assert tuple(got.shape) == tuple(want.shape)
+
+
+# --- a batch's metrics without an accumulator a pair ----------------------------------------
+def _edge_pairs() -> list[tuple[np.ndarray, np.ndarray]]:
+    """Pairs whose sums hit every branch: equal, zero (+0.0/-0.0), one side zero, far apart,
+    NaN/Inf (redone by an accumulator), overflowing squares, denormals, 1e16, 0.1 + 0.2."""
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal(16)
+    rows = [
+        (base, base),
+        (base, base + 1e-7 * rng.standard_normal(16)),
+        (np.zeros(4), np.zeros(4)),
+        (np.full(4, -0.0), np.full(4, -0.0)),
+        (np.zeros(4), base[:4]),
+        (base[:8], -base[:8]),
+        (np.array([1.0, np.nan, 2.0]), np.array([1.0, np.nan, 2.5])),
+        (np.array([1.0, np.inf, -0.0]), np.array([1.0, 3.0, 0.0])),
+        (np.array([1e300, 2e300]), np.array([1e300, 2.5e300])),
+        (np.array([5e-324, -5e-324, 1e-310]), np.array([1e-320, 0.0, 1e-310])),
+        (np.array([1e16, 1e-5, 0.1 + 0.2]), np.array([1e16 + 2, 1e-5, 0.3])),
+        (np.array([np.nan, np.nan]), np.array([np.nan, 1.0])),
+    ]
+    return [(g.astype(np.float64), t.astype(np.float64)) for g, t in rows]
+
+
+@pytest.mark.parametrize("side_stats", [False, True])
+def test_small_results_are_what_an_accumulator_a_pair_gives(side_stats: bool) -> None:
+    from layerwatch.engine.numerics.segments import small_accumulators, small_results
+
+    pairs = _edge_pairs()
+    for floor in (1e-6, 1.0):
+        got = small_results(pairs, floor, side_stats=side_stats)
+        want = small_accumulators(pairs, floor, side_stats=side_stats)
+        for (metrics, stats), acc in zip(got, want, strict=True):
+            # repr: the report's text, which tells -0.0 from 0.0 and compares NaN as text
+            assert repr(metrics) == repr(acc.result())
+            assert repr(stats) == repr(acc.side_stats() if side_stats else None)

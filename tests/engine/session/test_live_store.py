@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 from bench.bench_scale import write_dump
+from layerwatch.engine import report
 from layerwatch.engine.readers import ReaderUpdate, open_dump
 from layerwatch.engine.records import PairResult, TensorKey
-from layerwatch.engine.session import store
+from layerwatch.engine.session import settled, store
 from layerwatch.engine.session.cells import aggregate, same_cell
 from layerwatch.engine.session.core import CompareSession
 from layerwatch.engine.session.settled import EXTRA, SettledTokens
@@ -116,6 +117,21 @@ def test_a_live_session_in_the_store_equals_the_whole_run_session(
     # rows read back a block at a time (a report's reads) are the rows read one at a time
     one_by_one = [repr(live.settled.result(i)) for i in range(len(live.settled))]
     assert [repr(r) for r in live.settled.results()] == one_by_one
+    # a CSV report written from the store's columns is the one its PairResults give (in
+    # blocks smaller than a token: each block's data_id goes on from the last)
+    monkeypatch.setattr(settled, "READ_ROWS", 100)
+    lines, data_id = [], 0
+    for part in live.report_parts():
+        if isinstance(part, range):
+            text = report.field_lines(live.settled_fields(part, report.LINE_METRICS), data_id)
+            assert text == "".join(
+                report.csv_line(r, i) for i, r in enumerate(live.settled_results(part), data_id)
+            )
+        else:
+            text = "".join(report.csv_line(r, i) for i, r in enumerate(part, data_id))
+        lines.append(text)
+        data_id += text.count("\n")
+    assert "".join(lines) == "".join(report.csv_line(r, i) for i, r in enumerate(whole.results()))
     assert whole.first_failure is not None and whole.divergence is not None
     assert live.first_failure == whole.first_failure
     first = whole.first_failure
