@@ -560,11 +560,13 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_tui import Probe, cold_repaint, key_latencies, loading_key_latencies, rss_mb
     from layerwatch.engine.live.pipeline import LivePipeline, attach_spec
+    from layerwatch.engine.session.budget import live_spill
     from layerwatch.engine.session.core import CompareSession
     from layerwatch.tui.app import LayerwatchApp
 
     async def run() -> dict[str, object]:
-        session = CompareSession(jobs=1, compact=True)
+        # the session `open` makes (tui/frontends.py `_session`): settled chunks spilled
+        session = CompareSession(jobs=1, compact=True, spill=live_spill(None))
         source = LivePipeline(
             attach_spec(golden, idle_s=0, watch=False),
             attach_spec(target, idle_s=0, watch=False),
