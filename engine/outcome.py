@@ -233,13 +233,18 @@ class ReportStream:
             rows = dumps_json([json_row(r) for r in results])[1:-1]
             parts.append((self._json_rows, (("," if self.rows else "") + rows).encode()))
         table = parquet_table(results) if self._parquet is not None and results else None
+        self._write(parts, len(results), table)
+
+    def _write(self, parts: list[tuple[BinaryIO, bytes]], count: int, table: Any = None) -> None:
+        """Write ``parts`` (and a Parquet ``table``) as ``count`` more rows, keeping where each
+        file stood until all of it is written (:attr:`_undo`)."""
         try:
             self._undo = [(fh, fh.tell()) for fh, _ in parts]
             for fh, data in parts:
                 fh.write(data)
             if table is not None:
                 self._parquet.write_table(table)
-            self.rows, self._undo = self.rows + len(results), []
+            self.rows, self._undo = self.rows + count, []
         except OSError as exc:
             raise self._error(exc) from None
 
@@ -257,13 +262,7 @@ class ReportStream:
                 self.rows += len(part)
             else:
                 fields = session.settled_fields(part, LINE_METRICS)
-                data = field_lines(fields, self.rows).encode()
-                try:
-                    self._undo = [(self._fh, self._fh.tell())]
-                    self._fh.write(data)
-                    self.rows, self._undo = self.rows + len(part), []
-                except OSError as exc:
-                    raise self._error(exc) from None
+                self._write([(self._fh, field_lines(fields, self.rows).encode())], len(part))
 
     def finish(self, session: Any, incomplete: str = "") -> None:
         """The report's head (summary, findings) from ``session``; rename the file in."""

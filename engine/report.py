@@ -252,24 +252,9 @@ def field_lines(rows: Iterable[tuple[Any, ...]], first_id: int) -> str:
             data_id,
             NO_SIDE if golden is None else side_text(*golden),
             NO_SIDE if target is None else side_text(*target),
-            values,
-            verdict,
-            failed,
-            reason,
-            node_type,
-            order,
+            *rest,  # values, verdict, failed, reason, node_type, order
         )
-        for data_id, (
-            token,
-            golden,
-            target,
-            values,
-            verdict,
-            failed,
-            reason,
-            node_type,
-            order,
-        ) in enumerate(rows, first_id)
+        for data_id, (token, golden, target, *rest) in enumerate(rows, first_id)
     )
 
 
