@@ -5,6 +5,7 @@ in full again, with the full parse's result or error."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,3 +146,26 @@ def test_a_changed_directory_byte_outside_the_crcs_is_a_new_layout(tmp_path: Pat
     copy.write_bytes(bytes(data))
     assert reused(copy) == full_parse(copy)
     assert len(pth._LAYOUTS.known) == 2
+
+
+def test_a_reused_locator_has_the_full_parse_fields_and_types(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reuse builds a plain view slot by slot (``records.plain_locator``) and a strided or
+    offset view with the constructor: either way every field, and its type, is the full
+    parse's."""
+    torch.manual_seed(1)
+    for name, make in TENSORS.items():
+        first, second = tmp_path / name / "a" / "output.pth", tmp_path / name / "b" / "output.pth"
+        first.parent.mkdir(parents=True)
+        second.parent.mkdir()
+        torch.save(make(), first)
+        torch.save(make(), second)
+        want = full_parse(second)
+        assert not isinstance(reused(first), tuple)
+        with monkeypatch.context() as m:
+            m.setattr(pth, "_members", None)  # the reuse, not the full parse
+            got = reused(second)
+        assert got == want and hash(got) == hash(want) and repr(got) == repr(want)
+        for field in dataclasses.fields(got):  # type: ignore[arg-type]
+            assert type(getattr(got, field.name)) is type(getattr(want, field.name))
