@@ -223,6 +223,26 @@ def test_metric_sets_and_pool_match_the_pair_at_a_time_loop() -> None:
             assert struct.pack("<d", got[name]) == struct.pack("<d", float(value))
 
 
+@pytest.mark.parametrize("columns", [1, 2, 14, 31, 32, 40])
+def test_metric_patterns_packed_are_what_unique_rows_gives(columns: int) -> None:
+    """The store's pattern search (``store._unique_rows``: rows of codes 0-2 packed into one
+    integer each) gives ``np.unique(axis=0)``'s patterns, first rows and inverse; past 31
+    columns it is ``np.unique(axis=0)`` itself."""
+    from layerwatch.engine.session.store import _unique_rows
+
+    rng = np.random.default_rng(columns)
+    for rows in (1, 5, 300):
+        kind = rng.integers(0, 3, (rows, columns)).astype(np.int8)
+        kind[rows // 2 :] = kind[: rows - rows // 2]  # repeated rows
+        kind[-1, -1] = 2  # the most significant code in the last column
+        want = np.unique(kind, axis=0, return_index=True, return_inverse=True)
+        got = _unique_rows(kind)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[2], want[2].reshape(-1))
+        assert got[0].dtype == want[0].dtype
+
+
 # --- verdicts, statistics, local figure -----------------------------------------------------
 @pytest.mark.parametrize("value", [0.999, 0.5, math.nan, 1.0, -1.0, 0.0, math.inf])
 def test_the_inline_verdict_fails_the_metrics_within_fails(value: float) -> None:
