@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from layerwatch.engine.records import PairResult, Verdict
 
 if TYPE_CHECKING:
+    from layerwatch.engine.seam_detail import CaseRow as CaseRow
     from layerwatch.engine.seam_detail import MetricCheck as MetricCheck
     from layerwatch.engine.seam_detail import PairDetail as PairDetail
+    from layerwatch.engine.seam_detail import RunStatus as RunStatus
     from layerwatch.engine.seam_detail import SideSummary as SideSummary
     from layerwatch.engine.seam_detail import WeightRow as WeightRow
     from layerwatch.engine.seam_detail import WorstElement as WorstElement
@@ -170,20 +172,6 @@ class Divergence:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class RunStatus:
-    """What one side's producer is doing: for the status line. Filled by the live pipeline."""
-
-    side: str
-    state: str
-    """``waiting`` ``launching`` ``running`` ``exited`` ``crashed`` ``complete`` ``attached``."""
-    pid: int | None = None
-    exit_code: int | None = None
-    tokens: int = 0
-    tensors: int = 0
-    message: str = ""
-
-
 @dataclass(slots=True)
 class ResultBatch:
     """Everything new since the previous batch. State fields always carry the current value."""
@@ -231,9 +219,20 @@ class QueueSink:
 
 
 # --- drill-down ----------------------------------------------------------------------------
-# MetricCheck, SideSummary, WorstElement, WeightRow, PairDetail: engine/seam_detail.py, loaded
-# by the first name asked for here (a headless compare never drills in).
-_DETAIL = frozenset({"MetricCheck", "SideSummary", "WorstElement", "WeightRow", "PairDetail"})
+# MetricCheck, SideSummary, WorstElement, WeightRow, PairDetail (and RunStatus, CaseRow):
+# engine/seam_detail.py, loaded by the first name asked for here (a headless compare never
+# drills in, follows no live run and lists no cases).
+_DETAIL = frozenset(
+    {
+        "MetricCheck",
+        "SideSummary",
+        "WorstElement",
+        "WeightRow",
+        "PairDetail",
+        "RunStatus",
+        "CaseRow",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -291,20 +290,6 @@ class ComparisonSource(Protocol):
 
 
 # --- several cases (prompts) in one dump pair ----------------------------------------------
-@dataclass(frozen=True, slots=True)
-class CaseRow:
-    """One line of the cases list."""
-
-    key: str
-    verdict: str
-    """``pass``, ``fail``, ``diverged``, ``empty`` or ``unpaired`` (engine/cases.py)."""
-    first_bad_token: int | None
-    first_failure: str
-    """The first failing node (``""`` when none)."""
-    pairs: int
-    failed: int
-
-
 class CasesView(Protocol):
     """The cases of a per-case dump pair (engine/case_sources.py ``CaseSet``)."""
 

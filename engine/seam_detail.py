@@ -1,8 +1,11 @@
-"""One operator's drill-in, as the operator screen shows it: :class:`PairDetail` and its parts.
+"""The seam's records that only a front end asks for: one operator's drill-in (:class:`PairDetail`
+and its parts), a live run's status line (:class:`RunStatus`), a line of the cases list
+(:class:`CaseRow`).
 
 Part of the seam (:mod:`layerwatch.engine.seam` names each of them): kept apart only so that a
-headless compare, which never drills in, does not build these five dataclasses at start-up
-(each costs ~1 ms of a ~0.3 s compare of small dumps, ``python -X importtime``). Plain data.
+headless compare, which never drills in, follows no live run and lists no cases, does not build
+these seven dataclasses at start-up (each ~1 ms of a ~0.3 s compare of small dumps on the bench
+machine, ``python -X importtime``: Python 3.11 compiles every generated method). Plain data.
 """
 
 from __future__ import annotations
@@ -74,3 +77,33 @@ class PairDetail:
     """Why it was flagged (or why it passes), in one sentence."""
     weights: list[WeightRow] = field(default_factory=list)
     """The operator's own parameters on both sides (empty: none, or no fingerprints)."""
+
+
+# --- a live run's status line ---------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """What one side's producer is doing: for the status line. Filled by the live pipeline."""
+
+    side: str
+    state: str
+    """``waiting`` ``launching`` ``running`` ``exited`` ``crashed`` ``complete`` ``attached``."""
+    pid: int | None = None
+    exit_code: int | None = None
+    tokens: int = 0
+    tensors: int = 0
+    message: str = ""
+
+
+# --- several cases (prompts) in one dump pair ----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CaseRow:
+    """One line of the cases list."""
+
+    key: str
+    verdict: str
+    """``pass``, ``fail``, ``diverged``, ``empty`` or ``unpaired`` (engine/cases.py)."""
+    first_bad_token: int | None
+    first_failure: str
+    """The first failing node (``""`` when none)."""
+    pairs: int
+    failed: int
