@@ -11,9 +11,18 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from layerwatch.engine.records import PairResult, Stats, Verdict
+from layerwatch.engine.records import PairResult, Verdict
+
+if TYPE_CHECKING:
+    from layerwatch.engine.seam_detail import CaseRow as CaseRow
+    from layerwatch.engine.seam_detail import MetricCheck as MetricCheck
+    from layerwatch.engine.seam_detail import PairDetail as PairDetail
+    from layerwatch.engine.seam_detail import RunStatus as RunStatus
+    from layerwatch.engine.seam_detail import SideSummary as SideSummary
+    from layerwatch.engine.seam_detail import WeightRow as WeightRow
+    from layerwatch.engine.seam_detail import WorstElement as WorstElement
 
 
 class CellState(IntEnum):
@@ -163,20 +172,6 @@ class Divergence:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class RunStatus:
-    """What one side's producer is doing: for the status line. Filled by the live pipeline."""
-
-    side: str
-    state: str
-    """``waiting`` ``launching`` ``running`` ``exited`` ``crashed`` ``complete`` ``attached``."""
-    pid: int | None = None
-    exit_code: int | None = None
-    tokens: int = 0
-    tensors: int = 0
-    message: str = ""
-
-
 @dataclass(slots=True)
 class ResultBatch:
     """Everything new since the previous batch. State fields always carry the current value."""
@@ -224,68 +219,28 @@ class QueueSink:
 
 
 # --- drill-down ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class MetricCheck:
-    name: str
-    value: float
-    limit: float | None
-    """The threshold, or ``None`` when the metric is informational only."""
-    op: str
-    """``">="`` or ``"<="``."""
-    passed: bool
+# MetricCheck, SideSummary, WorstElement, WeightRow, PairDetail (and RunStatus, CaseRow):
+# engine/seam_detail.py, loaded by the first name asked for here (a headless compare never
+# drills in, follows no live run and lists no cases).
+_DETAIL = frozenset(
+    {
+        "MetricCheck",
+        "SideSummary",
+        "WorstElement",
+        "WeightRow",
+        "PairDetail",
+        "RunStatus",
+        "CaseRow",
+    }
+)
 
 
-@dataclass(frozen=True, slots=True)
-class SideSummary:
-    dtype: str
-    shape: tuple[int, ...]
-    stats: Stats | None
-    source: str
+def __getattr__(name: str) -> Any:
+    if name in _DETAIL:
+        from layerwatch.engine import seam_detail
 
-
-@dataclass(frozen=True, slots=True)
-class WorstElement:
-    index: tuple[int, ...]
-    golden: float
-    target: float
-    abs_err: float
-    rel_err: float
-
-
-@dataclass(frozen=True, slots=True)
-class WeightRow:
-    """One parameter of an operator on both sides, from the fingerprints in topology.json
-    (taken at hook time): shows whether a failing op ran with other weights than the golden."""
-
-    name: str
-    golden_shape: tuple[int, ...]
-    target_shape: tuple[int, ...]
-    golden_dtype: str
-    target_dtype: str
-    golden_norm: float
-    target_norm: float
-    differ: bool
-    """Not equal even after casting the golden to the target's dtype (or another shape)."""
-
-
-@dataclass(slots=True)
-class PairDetail:
-    """Everything the operator view shows for one pair. Built on demand (loads both tensors)."""
-
-    result: PairResult
-    golden: SideSummary | None
-    target: SideSummary | None
-    checks: list[MetricCheck]
-    inputs: list[PairResult]
-    """The node's input pairs at the same token, so "inputs pass, output fails" is visible."""
-    histogram_edges: list[float]
-    histogram_counts: list[int]
-    histogram_label: str
-    worst: list[WorstElement]
-    sentence: str
-    """Why it was flagged (or why it passes), in one sentence."""
-    weights: list[WeightRow] = field(default_factory=list)
-    """The operator's own parameters on both sides (empty: none, or no fingerprints)."""
+        return getattr(seam_detail, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ResultsView(Protocol):
@@ -335,20 +290,6 @@ class ComparisonSource(Protocol):
 
 
 # --- several cases (prompts) in one dump pair ----------------------------------------------
-@dataclass(frozen=True, slots=True)
-class CaseRow:
-    """One line of the cases list."""
-
-    key: str
-    verdict: str
-    """``pass``, ``fail``, ``diverged``, ``empty`` or ``unpaired`` (engine/cases.py)."""
-    first_bad_token: int | None
-    first_failure: str
-    """The first failing node (``""`` when none)."""
-    pairs: int
-    failed: int
-
-
 class CasesView(Protocol):
     """The cases of a per-case dump pair (engine/case_sources.py ``CaseSet``)."""
 

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerwatch.engine import records as R
 from layerwatch.engine.records import COSINE
-from layerwatch.engine.seam import BlockInfo, CellState, Divergence, Finding, RunStatus, Summary
+from layerwatch.engine.seam import BlockInfo, CellState, Divergence, Finding, Summary
+
+if TYPE_CHECKING:
+    from layerwatch.engine.seam import RunStatus
 
 # --- figures --------------------------------------------------------------------------------
 SHORT: dict[str, str] = {

@@ -38,6 +38,42 @@ def test_cli_help_imports_neither_torch_nor_textual() -> None:
     assert "numpy" not in loaded
 
 
+_FIXTURES = Path(__file__).parent / "fixtures"
+_READERS = ("layerwatch", "msit", "msprobe", "atb", "msit_manual")
+_NEVER_IN_A_COMPARE = ("textual", "rich", "torch", "pandas", "pyarrow", "numba", "numpy.ma")
+
+
+@pytest.mark.parametrize(
+    ("dump", "reader"),
+    [
+        ("msit/golden", "msit"),
+        ("msprobe/tensor_golden", "msprobe"),
+        ("atb/msit_dump_fixture", "atb"),
+    ],
+)
+def test_a_headless_compare_imports_only_what_it_uses(dump: str, reader: str) -> None:
+    """Start-up is most of a compare of small dumps (tests/bench/bench_compare.py case (b)):
+    a clean ``compare --json`` imports its own format's reader and none of the others, no
+    Textual, torch, pandas, pyarrow, numba or numpy.ma, and not the drill-in records
+    (engine/seam_detail.py)."""
+    path = _FIXTURES / dump
+    args = ["compare", str(path), str(path), "--json", "--jobs", "1"]
+    loaded = _modules_after_import(
+        "import io; from layerwatch.tui.cli import main; real = sys.stdout; "
+        f"sys.stdout = out = io.StringIO(); rc = main({args!r}); sys.stdout = real; "
+        "assert rc == 0 and out.getvalue().startswith('{'), rc"
+    )
+    readers = {r for r in _READERS if f"layerwatch.engine.readers.{r}" in loaded}
+    assert readers == {reader}
+    assert "layerwatch.engine.session.core" in loaded  # it did compare
+    heavy = {
+        m for m in loaded if m in _NEVER_IN_A_COMPARE or m.split(".")[0] in _NEVER_IN_A_COMPARE
+    }
+    assert not heavy
+    assert "layerwatch.engine.seam_detail" not in loaded
+    assert "layerwatch.tui.app" not in loaded
+
+
 def test_cli_help_lists_every_command() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "layerwatch.tui", "--help"],

@@ -154,7 +154,8 @@ _MAY_IMPORT = {
         "layerwatch.engine.readers.prefetch",
     },
     "layerwatch.engine.records": set(),
-    "layerwatch.engine.seam": {"layerwatch.engine.records"},
+    "layerwatch.engine.seam": {"layerwatch.engine.records", "layerwatch.engine.seam_detail"},
+    "layerwatch.engine.seam_detail": {"layerwatch.engine.records"},
 }
 
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics.local import LocalLimit, op_kind
@@ -43,7 +43,9 @@ from layerwatch.engine.records import (
     TOP1,
     Verdict,
 )
-from layerwatch.engine.seam import MetricCheck
+
+if TYPE_CHECKING:
+    from layerwatch.engine.seam import MetricCheck
 
 __all__ = ["CLASSES", "Override", "Thresholds", "dtype_class", "fmt_value", "looser"]
 
@@ -202,6 +204,8 @@ class Thresholds:
         stem: str = "",
     ) -> list[MetricCheck]:
         """Every metric in ``metrics`` against its limit (``limit=None``: informational)."""
+        from layerwatch.engine.seam import MetricCheck  # a drill-in's (engine/seam_detail.py)
+
         _, limits, _ = self._limits_of(metrics, node, golden_dtype, target_dtype, is_logits, stem)
         out = []
         for name, value in metrics.items():

@@ -75,28 +75,22 @@ def resolve(path: str | os.PathLike[str]) -> Path:
 
 
 def _detect_here(p: Path) -> str | None:
-    # each format's module is imported when its turn comes (a compare imports only its own)
-    from layerwatch.engine.readers import layerwatch, msprobe
+    # the path tests only (engine/readers/locate.py): a compare imports only its own reader
+    from layerwatch.engine.readers import locate
 
     if p.is_file():
-        return "msprobe" if p.name == msprobe.DUMP else None
+        return "msprobe" if p.name == locate.DUMP else None
     if not p.is_dir():
         return None
-    if layerwatch.detect(p):
+    if locate.detect(p):
         return "layerwatch"
-    if msprobe.locate(p) is not None:
+    if locate.locate_msprobe(p) is not None:
         return "msprobe"
-    from layerwatch.engine.readers import msit
-
-    if msit.locate(p) is not None:
+    if locate.locate_msit(p) is not None:
         return "msit"
-    from layerwatch.engine.readers import atb
-
-    if atb.locate(p) is not None:
+    if locate.locate_atb(p) is not None:
         return "atb"
-    from layerwatch.engine.readers import msit_manual
-
-    if msit_manual.locate(p) is not None:
+    if locate.locate_manual(p) is not None:
         return "msit-manual"
     return None
 

@@ -32,9 +32,10 @@ from layerwatch.engine.readers.base import (
     skipped_note,
 )
 from layerwatch.engine.readers.load import itemsize, load_array
+from layerwatch.engine.readers.locate import _OP_DIR
+from layerwatch.engine.readers.locate import locate_atb as locate
 from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
-_OP_DIR = re.compile(r"^(\d+)_(.+)$")
 _TENSOR = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")
 _DEPTH = 6
 _BASE = 1000
@@ -51,42 +52,6 @@ def structural_order(op_path: Sequence[str]) -> int:
     for d in digits:
         value = value * _BASE + d
     return value
-
-
-@dataclass(frozen=True, slots=True)
-class Where:
-    dump_dir: Path | None
-    """The ``msit_dump_*`` directory (holds ``model/``), when known."""
-    tensors_dir: Path
-    ranks: tuple[str, ...] | None
-    token: int | None
-
-
-def _looks_like_rank(path: Path) -> bool:
-    for tok in scandir(path):
-        if tok.is_dir() and tok.name.isdigit():
-            return any(e.is_dir() and _OP_DIR.match(e.name) for e in scandir(tok.path))
-    return False
-
-
-def locate(path: Path) -> Where | None:
-    """Where an ATB dump is, for a dump dir, its ``tensors`` dir, a rank dir or a token dir."""
-    if (path / "tensors").is_dir() and not (path / "torch_tensors").is_dir():
-        return Where(path, path / "tensors", None, None)
-    if path.name == "tensors" and not (path / "model_tree.json").exists():
-        return Where(path.parent, path, None, None)
-    if is_rank_dir_name(path.name) and (path.parent.name == "tensors" or _looks_like_rank(path)):
-        dump = path.parent.parent if path.parent.name == "tensors" else None
-        return Where(dump, path.parent, (path.name,), None)
-    rank = path.parent
-    if (
-        path.name.isdigit()
-        and is_rank_dir_name(rank.name)
-        and (rank.parent.name == "tensors" or _looks_like_rank(rank))
-    ):
-        dump = rank.parent.parent if rank.parent.name == "tensors" else None
-        return Where(dump, rank.parent, (rank.name,), int(path.name))
-    return None
 
 
 @dataclass(slots=True)

@@ -35,6 +35,8 @@ from layerwatch.engine.readers.index_columns import (
     tensor_lines,
 )
 from layerwatch.engine.readers.load import canonical_dtype
+from layerwatch.engine.readers.locate import detect as detect
+from layerwatch.engine.readers.locate import is_rank_dir
 from layerwatch.engine.records import (
     Locator,
     ParamPrint,
@@ -43,18 +45,6 @@ from layerwatch.engine.records import (
     Topology,
     plain_locator,
 )
-
-
-def is_rank_dir(path: Path) -> bool:
-    return (path / lwf.INDEX).is_file() or (path / lwf.MANIFEST).is_file()
-
-
-def detect(path: Path) -> bool:
-    """A rank directory, or a run directory holding at least one."""
-    if is_rank_dir(path):
-        return True
-    return any(e.is_dir() and is_rank_dir(Path(e.path)) for e in scandir(path))
-
 
 _new_tuple = tuple.__new__
 DECODE_LINES = 512

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.readers.base import scandir
-from layerwatch.engine.readers.pth import pth_locator
 from layerwatch.engine.records import Locator
 
 NAME = re.compile(r"^(?P<prefix>.*?)_?(?P<key>[^_]+)_(?P<token>\d+)\.pth$")
@@ -53,6 +52,8 @@ def detect(path: str | os.PathLike[str]) -> bool:
 
 def locate(file: LogitsFile) -> Locator:
     """The file's tensor as a 1-D ``[V]`` locator; a one-line error for other shapes."""
+    from layerwatch.engine.readers.pth import pth_locator  # every compare asks detect() only
+
     loc = pth_locator(file.path)
     wide = [d for d in loc.shape if d != 1]
     if len(wide) > 1 or not loc.shape:

@@ -31,62 +31,15 @@ from layerwatch.engine.readers.base import (
     skipped_note,
 )
 from layerwatch.engine.readers.load import canonical_dtype, load_array
+from layerwatch.engine.readers.locate import TREE, _is_token
+from layerwatch.engine.readers.locate import locate_msit as locate
 from layerwatch.engine.readers.pth import PthIncomplete, pth_locator
 from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
-TREE = "model_tree.json"
 TENSOR_EXT = (".pth", ".pt", ".npy")
 STATS_CSV = "statistics.csv"
 _STALE_NS = 5_000_000_000
 """A file that is still incomplete this long after its last change is reported, not waited for."""
-
-
-def _is_token(name: str) -> bool:
-    return name.isdigit()
-
-
-@dataclass(frozen=True, slots=True)
-class Where:
-    """What an msit path points at."""
-
-    tensors_dir: Path
-    """The ``torch_tensors`` directory (parent of the rank directories)."""
-    ranks: tuple[str, ...] | None
-    """Only these rank directories (the user pointed at a rank or token dir), or ``None``: all."""
-    token: int | None
-    """Only this token (the user pointed at a token dir)."""
-
-
-def _has_node_dirs(token_dir: str) -> bool:
-    return any(e.is_dir() and e.name.startswith("root") for e in scandir(token_dir))
-
-
-def _is_rank(path: Path) -> bool:
-    """A ``{device}_{pid}`` directory of an msit torch dump (tree file or ``root*`` node dirs)."""
-    if (path / TREE).is_file():
-        return True
-    return is_rank_dir_name(path.name) and any(
-        _is_token(e.name) and e.is_dir() and _has_node_dirs(e.path) for e in scandir(path)
-    )
-
-
-def locate(path: Path) -> Where | None:
-    """Where an msit torch dump is, for any directory msit itself accepts; ``None`` if none."""
-    if (path / "torch_tensors").is_dir():
-        return Where(path / "torch_tensors", None, None)
-    if _is_token(path.name) and (
-        (path.parent / TREE).is_file()
-        or (is_rank_dir_name(path.parent.name) and _has_node_dirs(str(path)))
-    ):
-        return Where(path.parent.parent, (path.parent.name,), int(path.name))
-    if _is_rank(path):
-        return Where(path.parent, (path.name,), None)
-    has_ranks = any(
-        e.is_dir() and is_rank_dir_name(e.name) and _is_rank(Path(e.path)) for e in scandir(path)
-    )
-    if has_ranks or path.name == "torch_tensors":
-        return Where(path, None, None)
-    return None
 
 
 _PATH_ORDER_MIN_NODES = 8

@@ -23,26 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.readers.base import DirectoryReader, ReaderUpdate, scandir
+from layerwatch.engine.readers.base import DirectoryReader, ReaderUpdate
+from layerwatch.engine.readers.locate import locate_manual as locate
 from layerwatch.engine.records import Locator, TensorKey, TensorRecord
 
-DIRNAME = "golden_tensor"
-METADATA = "metadata.json"
 NODE_TYPE = "dump_data"
-
-
-def locate(path: Path) -> Path | None:
-    """The ``metadata.json`` of the manual dump at ``path`` (the ``golden_tensor`` directory, its
-    rank directory, or the ``msit_dump_*`` run holding one rank), or ``None``."""
-    for candidate in (path / METADATA, path / DIRNAME / METADATA):
-        if candidate.is_file() and (candidate.parent.name == DIRNAME):
-            return candidate
-    found = [
-        Path(e.path) / DIRNAME / METADATA
-        for e in scandir(path)
-        if e.is_dir() and (Path(e.path) / DIRNAME / METADATA).is_file()
-    ]
-    return found[0] if len(found) == 1 else None
 
 
 def _merge_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

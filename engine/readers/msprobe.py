@@ -24,44 +24,17 @@ from typing import Any
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.readers.base import RankIndex, ReaderUpdate, scandir, skipped_note
 from layerwatch.engine.readers.load import canonical_dtype, load_array
+from layerwatch.engine.readers.locate import _RANK, _STEP, DUMP
+from layerwatch.engine.readers.locate import locate_msprobe as locate
 from layerwatch.engine.readers.msprobe_tokens import RankCalls, assign_tokens, module_parts
 from layerwatch.engine.readers.pth import PthIncomplete, pth_locator
 from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
-DUMP = "dump.json"
 CONSTRUCT = "construct.json"
 DATA_DIR = "dump_tensor_data"
 _API = re.compile(r"^(.+)\.(\d+)\.forward$")
-_STEP = re.compile(r"^step(\d+)$")
-_RANK = re.compile(r"^(rank|proc)(\d+)$")
 _INTS = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64")
 NO_MODULES = "no module entries (level L1?): every call is put in token 0"
-
-
-@dataclass(frozen=True, slots=True)
-class Where:
-    steps: tuple[Path, ...] | None
-    """Step directories, or ``None``: discover ``step*`` under ``base``."""
-    base: Path
-    rank_dirs: tuple[Path, ...] | None = None
-    """Only these rank directories (the user pointed at one)."""
-
-
-def locate(path: Path) -> Where | None:
-    if path.is_file() and path.name == DUMP:
-        return Where((path.parent.parent,), path.parent.parent, (path.parent,))
-    if (path / DUMP).is_file():
-        return Where((path.parent,), path.parent, (path,))
-    entries = scandir(path)
-    if any(
-        e.is_dir() and _RANK.match(e.name) and os.path.isfile(os.path.join(e.path, DUMP))
-        for e in entries
-    ):
-        return Where((path,), path)
-    steps = [e for e in entries if e.is_dir() and _STEP.match(e.name)]
-    if any(_RANK.match(r.name) for s in steps for r in scandir(s.path)):
-        return Where(None, path)
-    return None
 
 
 @dataclass(slots=True)

@@ -32,7 +32,6 @@ from layerwatch.engine.seam import (
     CellUpdate,
     Divergence,
     Finding,
-    PairDetail,
     ResultBatch,
     Sink,
     Summary,
@@ -48,6 +47,7 @@ from layerwatch.engine.session.state import SIDES, SessionState
 
 if TYPE_CHECKING:
     from layerwatch.engine.numerics.thresholds import Thresholds
+    from layerwatch.engine.seam import PairDetail
 
 OperatorCheck = Callable[
     [TensorRecord, dict[TensorKey, TensorRecord], Topology | None, dict[str, Locator]], str

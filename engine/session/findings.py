@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from layerwatch.engine.records import PairResult, TensorKey, Topology, Verdict
-from layerwatch.engine.seam import WeightRow
+
+if TYPE_CHECKING:
+    from layerwatch.engine.seam import WeightRow
 
 _UNKNOWN = 1 << 40
 _DIGITS = re.compile(r"(\d+)")
@@ -100,6 +103,7 @@ def _quantised(dtype: str) -> bool:
 def weight_rows(golden: Topology | None, target: Topology | None, node: str) -> list[WeightRow]:
     """``node``'s direct parameters on both sides (topology.json fingerprints), each marked
     whether it differs beyond a dtype cast; empty when either side has no fingerprints."""
+    from layerwatch.engine.seam import WeightRow  # a drill-in's (engine/seam_detail.py)
     from layerwatch.engine.session.weightmap import prints_agree
 
     g = golden.nodes.get(node.split("#")[0]) if golden is not None else None
