@@ -20,8 +20,9 @@ Contracts kept:
   recorded in the dump by the model process, and nothing already written is undone;
 * the model process dying (killed) closes the pipe: the writer process writes what it
   received and exits, never waits;
-* where the process cannot start or cannot import this installation, the model process's
-  thread writes the batches itself (:class:`LayerwatchWriter`, nothing lost).
+* where the process cannot start, cannot import this installation or ends before the
+  hand-over, the model process's thread goes on writing the batches itself
+  (:class:`LayerwatchWriter`, nothing lost: the process writes nothing before the hand-over).
 
 The default for host (CPU) models in the layerwatch format without ``dump_weight`` (device
 tensors are reduced on the device, weights and the msit format keep the thread writer), but
@@ -64,7 +65,8 @@ from .writer import LayerwatchWriter
 from .writer_thread import FAILURE_TAIL, describe_failure
 
 ENV = "LAYERWATCH_WRITER"
-"""``process``: write through a writer process where the capture allows it; else the thread."""
+"""``thread``: never a writer process; ``process``: one from the run's start, where the capture
+allows it; anything else: the thread, then a writer process after the hand-over."""
 _FRAME = struct.Struct("<cQQ")
 """Kind (``I``nit: the hand-over, ``B``atch, ``S``top), bytes of the records, bytes of payload."""
 _PIPE_BYTES = 1 << 20
@@ -111,7 +113,8 @@ class ProcessWriter(LayerwatchWriter):
     ) -> None:
         super().__init__(config, run_dir, topology, meta)
         self.local = False
-        """The writer process could not start: the batches are written in this process."""
+        """The batches are written in this process for the rest of the run: the writer
+        process could not start, or this process may run on one CPU only."""
         self.remote = False
         """The run was handed over: the writer process writes every batch from now on."""
         self.forced = os.environ.get(ENV, "") == "process"
@@ -163,6 +166,9 @@ class ProcessWriter(LayerwatchWriter):
             return False
         if self._proc is None:
             if self.items_here < self.spawn_after:
+                return False
+            if _cpus() < 2:  # one CPU: the process could only add its own work to the model's
+                self.local = True
                 return False
             self._start_process()
             if self.local:
@@ -415,6 +421,14 @@ class ProcessWriter(LayerwatchWriter):
         """A forked child holds copies of the pipes: close them, so that the writer process
         still sees the model process end (``capture/hooks.py``'s fork handler)."""
         self._close_pipes()
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (the writer process would share them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _ring_state(ring: TokenRing) -> dict[str, Any]:

@@ -111,6 +111,25 @@ def test_a_short_run_never_starts_the_writer_process(tmp_path, monkeypatch):
     }  # fmt: skip
 
 
+def test_on_one_cpu_the_thread_writes_the_whole_run(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(ProcessWriter, "spawn_after", 1)
+    cpus = os.sched_getaffinity(0)
+    model = Wide()
+    x = torch.randn(128, 128)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        with register_hook(model, DumpConfig(dump_path=tmp_path)) as handle, torch.no_grad():
+            for _ in range(3):
+                model(x)
+                assert handle.flush(timeout=60)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    writer = handle._writer
+    assert isinstance(writer, ProcessWriter) and writer._proc is None and writer.local
+    assert lwdump.index(handle.run_dir)[-1]["status"] == "complete"
+
+
 def test_a_run_that_ends_before_the_hand_over_kills_the_process_and_never_waits(
     tmp_path, monkeypatch
 ):
