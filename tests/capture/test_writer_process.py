@@ -160,18 +160,23 @@ def test_a_run_that_ends_before_the_hand_over_kills_the_process_and_never_waits(
     assert lines[-1] == {"k": "end", "status": "complete", "tokens": 4, "tensors": 36}
 
 
-def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV, "process")
+@pytest.mark.parametrize("mode", ["process", "handover"])
+def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(
+    tmp_path, monkeypatch, mode
+):
+    writers.select(monkeypatch, mode)
     bound = 512 * 1024
     model = Wide()
     x = torch.randn(128, 128)
     handle = register_hook(
         model, DumpConfig(dump_path=tmp_path, queue_bytes=bound, dump_statistics_mode=0)
     )
-    pid = handle._writer._proc.pid  # type: ignore[union-attr]
     with torch.no_grad():
-        model(x)
-        assert handle.flush(timeout=60)
+        for _ in range(2):  # handover: the thread writes the first, the process the second
+            model(x)
+            assert handle.flush(timeout=60)
+        assert handle._writer.remote  # type: ignore[union-attr]
+        pid = handle._writer._proc.pid  # type: ignore[union-attr]
         os.kill(pid, signal.SIGSTOP)  # a writer that makes no progress for half a second
         resume = threading.Timer(0.5, os.kill, (pid, signal.SIGCONT))
         resume.start()
@@ -180,7 +185,7 @@ def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(tmp_path
         model(x)  # more than the bound waits to be written: the model must wait
         waited = time.perf_counter() - start
         resume.join()
-        for _ in range(9):
+        for _ in range(8):
             model(x)
     handle.close()
     assert handle.failed is None
