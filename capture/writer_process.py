@@ -20,14 +20,23 @@ Contracts kept:
   recorded in the dump by the model process, and nothing already written is undone;
 * the model process dying (killed) closes the pipe: the writer process writes what it
   received and exits, never waits;
-* where the process cannot start or cannot import this installation, the model process's
-  thread writes the batches itself (:class:`LayerwatchWriter`, nothing lost).
+* where the process cannot start, cannot import this installation or ends before the
+  hand-over, the model process's thread goes on writing the batches itself
+  (:class:`LayerwatchWriter`, nothing lost: the process writes nothing before the hand-over).
 
-Opt-in (``LAYERWATCH_WRITER=process``), for host (CPU) models in the layerwatch format without
-``dump_weight``; device tensors (their statistics are reduced on the device), weights and the
-msit format keep the thread writer. Not the default: the process takes ~0.2 s to start (more
-under load), which a long run earns back but a short one does not (``bench_dump.py`` config b,
-8 tokens: 1.9x -> 3.3-4.4x, and the live latency 35-52 -> 163-289 ms, ARCHITECTURE.md "Threads").
+The default for host (CPU) models in the layerwatch format without ``dump_weight`` (device
+tensors are reduced on the device, weights and the msit format keep the thread writer), but
+only for runs that show they are long. The process takes ~0.2 s to start (more under load),
+which a long run earns back and a short one does not (``bench_dump.py`` config b, 8 tokens,
+when every run started it: 1.9x -> 3.3-4.4x). So the thread writes the first batches itself;
+after :attr:`ProcessWriter.spawn_after` items it starts the process, keeps writing while the
+process imports, and at the first batch after the process says it is up it hands over: the
+run's :class:`LayerwatchWriter` state (next data file, counters, topology, statistics-first
+ring, aliases still waiting for their source) crosses once, and the process continues the same
+dump, byte for byte. A run that closes before the hand-over kills the process (it has written
+nothing) and never waits for it. ``LAYERWATCH_WRITER=thread`` keeps the thread writer;
+``LAYERWATCH_WRITER=process`` starts the process with the run and hands over before the first
+batch (waiting for it), as the tests use it.
 """
 
 from __future__ import annotations
@@ -48,19 +57,23 @@ import numpy as np
 
 from .config import DumpConfig
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem
+from .index_lines import tail_text
+from .keep import TokenRing
 from .safetensors_file import DTYPE_NAMES, _writev_all, dtype_name, joined
 from .stats import SMALL, batch_stats
 from .writer import LayerwatchWriter
 from .writer_thread import FAILURE_TAIL, describe_failure
 
 ENV = "LAYERWATCH_WRITER"
-"""``process``: write through a writer process where the capture allows it; else the thread."""
+"""``thread``: never a writer process; ``process``: one from the run's start, where the capture
+allows it; anything else: the thread, then a writer process after the hand-over."""
 _FRAME = struct.Struct("<cQQ")
-"""Kind (``I``nit, ``B``atch, ``S``top), bytes of the pickled records, bytes of payload."""
+"""Kind (``I``nit: the hand-over, ``B``atch, ``S``top), bytes of the records, bytes of payload."""
 _PIPE_BYTES = 1 << 20
-_FRESH, _ALIAS, _TOKEN, _LINE, _TOPOLOGY, _TENSOR = range(6)
-"""Record kinds: a fresh copy, an alias of one, a token, an index line, the order, and a
-fresh copy that was a torch tensor (a dtype numpy cannot hold: reduced with torch there)."""
+_FRESH, _ALIAS, _TOKEN, _LINE, _TOPOLOGY, _TENSOR, _WRITTEN = range(7)
+"""Record kinds: a fresh copy, an alias of one, a token, an index line, the order, a fresh
+copy that was a torch tensor (a dtype numpy cannot hold: reduced with torch there), and an
+alias of a copy this process wrote before the hand-over (its line's tail crosses)."""
 _CHILD = (
     "import sys\n"
     "try:\n"
@@ -72,9 +85,9 @@ _CHILD = (
 
 
 def wanted(config: DumpConfig, device_type: str) -> bool:
-    """Whether this capture writes through a writer process (see the module docstring)."""
+    """Whether this capture may write through a writer process (see the module docstring)."""
     return (
-        os.environ.get(ENV, "") == "process"
+        os.environ.get(ENV, "") != "thread"
         and config.format == "layerwatch"
         and not config.dump_weight
         and device_type == "cpu"
@@ -82,30 +95,47 @@ def wanted(config: DumpConfig, device_type: str) -> bool:
 
 
 class ProcessWriter(LayerwatchWriter):
-    """The model process's side: sets the run up as the thread writer does, then sends batches.
+    """The model process's side: sets the run up as the thread writer does, writes the first
+    batches itself, then hands the run over to the writer process and sends it the batches.
 
-    Its own :class:`LayerwatchWriter` state stays ready: if the writer process does not come
-    up, this thread writes the batches itself (:attr:`local`).
+    Its own :class:`LayerwatchWriter` state stays ready: until the hand-over, and for good if
+    the writer process does not come up (:attr:`local`), this thread writes the batches.
     """
+
+    spawn_after = 4096
+    """Items (tensors, aliases, tokens) written here before the writer process is started:
+    ~26 tokens of a 4-layer Llama (156 a token), 3x ``bench_dump.py`` config b's 9 tokens."""
+    wait_for_start = False
+    """Block at the hand-over point until the process is up (tests place the hand-over)."""
 
     def __init__(
         self, config: DumpConfig, run_dir: Path, topology: dict[str, Any], meta: dict[str, Any]
     ) -> None:
         super().__init__(config, run_dir, topology, meta)
         self.local = False
-        """The writer process could not start: the batches are written in this process."""
+        """The batches are written in this process for the rest of the run: the writer
+        process could not start, or this process may run on one CPU only."""
+        self.remote = False
+        """The run was handed over: the writer process writes every batch from now on."""
+        self.forced = os.environ.get(ENV, "") == "process"
+        """``LAYERWATCH_WRITER=process``: started with the run, handed over at once."""
+        self.items_here = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._acks: IO[bytes] | None = None
-        self._ready = False
+        self._up = False
         self._next_seq = 0
 
     # --- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
+        if self.forced:
+            self._start_process()
+        super().start()
+
+    def _start_process(self) -> None:
         try:
             self._spawn()
-        except (OSError, ValueError, TypeError):  # no process, or a topology JSON cannot hold
+        except (OSError, ValueError):  # no process
             self._go_local()
-        super().start()
 
     def _spawn(self) -> None:
         from .launch import ENV_SETTINGS
@@ -126,26 +156,82 @@ class ProcessWriter(LayerwatchWriter):
             import fcntl
 
             fcntl.fcntl(self._proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
+
+    def _hand_over(self) -> bool:
+        """Before a batch: start the process once the run is long, hand the run over once it
+        is up. Never waits for the process's start (unless forced); ``True``: it writes."""
+        if self.remote:
+            return True
+        if self.local:
+            return False
+        if self._proc is None:
+            if self.items_here < self.spawn_after:
+                return False
+            if _cpus() < 2:  # one CPU: the process could only add its own work to the model's
+                self.local = True
+                return False
+            self._start_process()
+            if self.local:
+                return False
+        if not self._up:
+            if not (self.forced or self.wait_for_start or self._answered()):
+                return False  # still importing: this batch is written here
+            if self._read_ack() != b"up":  # it could not start or import this installation
+                self._go_local()
+                return False
+            self._up = True
+        deferred = self._pack_deferred()
         init = {
             "run_dir": str(self.run_dir),
             "topology": self.topology,
             "meta": self.meta,
             "started": self.started,
             "settings": dataclasses.asdict(Settings.of(self.config)),
+            "state": {
+                "seq": self.seq,
+                "tokens": self.tokens_seen,
+                "tensors": self.tensors_written,
+                "bytes": self.bytes_written,
+                "ring": None if self.ring is None else _ring_state(self.ring),
+            },
         }
-        # JSON, not pickle: meta's torch version is a torch class (a str to JSON), and all of
-        # it is written as JSON over there anyway
-        self._send(b"I", json.dumps(init).encode(), [])
+        try:
+            # JSON, not pickle: meta's torch version is a torch class (a str to JSON), and all
+            # of it is written as JSON over there anyway
+            self._send(b"I", pickle.dumps((json.dumps(init), deferred), protocol=5), [])
+        except (OSError, ValueError, TypeError):  # gone, or a topology JSON cannot hold
+            self._go_local()
+            return False
+        if self._read_ack() != b"ready":  # it wrote nothing yet: this thread goes on
+            self._go_local()
+            return False
+        self.remote = True
+        self.deferred = []
+        return True
+
+    def _answered(self) -> bool:
+        """Whether the writer process said something (or ended), without waiting."""
+        import select
+
+        if self._acks is None:
+            return True
+        try:
+            return bool(select.select([self._acks.fileno()], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True  # then reading says it is gone
 
     def _go_local(self) -> None:
         self.local = True
+        self._drop_process()
+
+    def _drop_process(self) -> None:
+        """Kill the writer process before it wrote anything (no hand-over), and reap it."""
         if self._proc is not None:
             with contextlib.suppress(OSError):
                 self._proc.kill()
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 self._proc.wait(5)
             self._close_pipes()
-            self._proc = None
 
     def _close_pipes(self) -> None:
         proc = self._proc
@@ -155,20 +241,10 @@ class ProcessWriter(LayerwatchWriter):
                     if pipe is not None:
                         pipe.close()
 
-    def _await_ready(self) -> bool:
-        """The writer process's first word: ``ready``, or it could not start (then local)."""
-        if self._ready or self.local:
-            return self._ready
-        line = self._read_ack()
-        if line == b"ready":
-            self._ready = True
-        else:
-            self._go_local()
-        return self._ready
-
     # --- batches --------------------------------------------------------------------------
     def write_items(self, items: list[Any]) -> None:
-        if not self._await_ready():
+        if not self._hand_over():
+            self.items_here += len(items)
             super().write_items(items)
             return
         records, payload = self._pack(items)
@@ -178,6 +254,19 @@ class ProcessWriter(LayerwatchWriter):
             self._gone()
             return
         self._expect_ok()
+
+    def _pack_deferred(self) -> list[Any]:
+        """Records of the aliases this thread holds back (their source comes later): the
+        process holds them back in turn, the source filling them when it comes."""
+        records: list[Any] = []
+        for it in self.deferred:
+            src = it.alias
+            assert src is not None  # only aliases are deferred
+            if src.seq < 0:
+                src.seq = self._next_seq
+                self._next_seq += 1
+            records.append((_ALIAS, it.token, it.node, it.stem, it.node_type, it.order, src.seq))
+        return records
 
     def _pack(self, items: list[Any]) -> tuple[list[Any], list[Any]]:
         """Records of ``items`` (builtins and numpy dtypes only) and their payloads in order."""
@@ -209,6 +298,9 @@ class ProcessWriter(LayerwatchWriter):
                         payload.append(data)
                     else:
                         add(self._odd(it, seq, name, data, payload))
+                elif src.done:  # written by this thread before the hand-over
+                    tail = src.tail or tail_text(src)
+                    add((_WRITTEN, it.token, it.node, it.stem, it.node_type, it.order, tail))
                 else:
                     seq = src.seq
                     if seq < 0:  # its source is still in an outer module's frame
@@ -293,7 +385,8 @@ class ProcessWriter(LayerwatchWriter):
 
     # --- ends -----------------------------------------------------------------------------
     def finish(self, status: str) -> None:
-        if self.local or not self._await_ready():
+        if not self.remote:  # a short run: the process (if started) wrote nothing, end it
+            self._drop_process()
             super().finish(status)
             return
         try:
@@ -317,8 +410,9 @@ class ProcessWriter(LayerwatchWriter):
             os.close(self.index_fd)
 
     def record_failure(self, message: str) -> None:
-        if self.local or self._proc is None or self._proc.poll() is not None:
-            # the writer process is gone: append after whatever it wrote, never truncate it
+        if not self.remote or self._proc is None or self._proc.poll() is not None:
+            # not handed over, or the writer process is gone: append after whatever it
+            # wrote, never truncate it
             self.index_size = os.fstat(self.index_fd).st_size
             super().record_failure(message)
         # else the writer process records it: its own failure, or this one at the stop
@@ -327,6 +421,28 @@ class ProcessWriter(LayerwatchWriter):
         """A forked child holds copies of the pipes: close them, so that the writer process
         still sees the model process end (``capture/hooks.py``'s fork handler)."""
         self._close_pipes()
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (the writer process would share them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _ring_state(ring: TokenRing) -> dict[str, Any]:
+    """A statistics-first ring as JSON (``capture/keep.py``): it crosses at the hand-over."""
+    files = {rel: sorted(tokens) for rel, tokens in ring.files.items()}
+    return {"keep": ring.keep, "files": files, "kept": sorted(ring.kept), "latest": ring.latest}
+
+
+def _ring_of(state: dict[str, Any]) -> TokenRing:
+    ring = TokenRing(state["keep"])
+    ring.files = {rel: set(tokens) for rel, tokens in state["files"].items()}
+    ring.kept = set(state["kept"])
+    ring.latest = state["latest"]
+    return ring
 
 
 def _as_tensor(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> Any:
@@ -372,10 +488,12 @@ def child_main(expected_dir: str) -> None:
     acks = os.dup(1)  # answers only: stray output of imported code goes to /dev/null
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     inbox = os.fdopen(0, "rb", buffering=0)
-    frame = _read_frame(inbox)
+    _answer(acks, b"up")
+    frame = _read_frame(inbox)  # the hand-over, whenever the model process's thread is ready
     if frame is None or frame[0] != b"I":
         return
-    init = json.loads(frame[1])
+    text, deferred = pickle.loads(frame[1])
+    init = json.loads(text)
     writer = LayerwatchWriter(
         cast(DumpConfig, Settings(**init["settings"])),
         Path(init["run_dir"]),
@@ -383,8 +501,15 @@ def child_main(expected_dir: str) -> None:
         init["meta"],
         started=init["started"],
     )
-    _answer(acks, b"ready")
+    state = init["state"]
+    writer.seq = state["seq"]
+    writer.tokens_seen, writer.tensors_written = state["tokens"], state["tensors"]
+    writer.bytes_written = state["bytes"]
+    if state["ring"] is not None:
+        writer.ring = _ring_of(state["ring"])
     rebuild = _Rebuilder()
+    writer.deferred = rebuild.items(deferred, bytearray())
+    _answer(acks, b"ready")
     while True:
         frame = _read_frame(inbox)
         if frame is None:  # the model process is gone: what came is written, stop here
@@ -496,6 +621,13 @@ class _Rebuilder:
                 src = by_seq.get(seq)
                 if src is None:
                     src = by_seq[seq] = TensorItem(token, node, stem, None, node_type)
+                it = TensorItem(token, node, stem, None, node_type, src)
+                it.order = order
+                add(it)
+            elif kind == _WRITTEN:
+                _, token, node, stem, node_type, order, tail = rec
+                src = TensorItem(token, node, stem, None, node_type)
+                src.done, src.tail = True, tail
                 it = TensorItem(token, node, stem, None, node_type, src)
                 it.order = order
                 add(it)

@@ -7,6 +7,7 @@ Run (from the repository root, in the project venv)::
     OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --msit-python VENV/bin/python
     OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --config long --repeats 3
     OMP_NUM_THREADS=1 python tests/bench/bench_dump.py --cli --repeats 5 [--before-python B/bin/python]
+        [--also thread=W]   # W: a wrapper running this venv's python with LAYERWATCH_WRITER=thread
 
 Both sides run a Hugging Face ``LlamaForCausalLM`` (eager attention) built from a ``LlamaConfig``
 with ``torch.manual_seed(1234)`` and greedy ``generate`` on fixed random prompt ids, as msit 8.2.0
@@ -139,12 +140,15 @@ def _cli_run(python: str, script: Path, c: dict, out: Path | None) -> tuple[floa
     return wall, float(found[-1].split()[1]), cpu
 
 
-def bench_cli(c: dict, repeats: int, before: str | None) -> dict[str, tuple[float, ...]]:
+def bench_cli(
+    c: dict, repeats: int, before: str | None, also: dict[str, str] | None = None
+) -> dict[str, tuple[float, ...]]:
     """Median (wall, generate, CPU) and tensors dumped per side: ``plain``, ``dump`` (this checkout),
-    ``before``."""
+    ``before``, and each of ``also`` (label -> python)."""
     sides: dict[str, str | None] = {"plain": sys.executable, "dump": sys.executable}
     if before:
         sides["before"] = before
+    sides.update(also or {})
     runs: dict[str, list[tuple[float, float, float]]] = {k: [] for k in sides}
     tensors: dict[str, int] = {}
     work = Path(tempfile.mkdtemp(prefix="bench_dump_cli_"))
@@ -283,6 +287,14 @@ def main() -> int:
         default="",
         help="with --cli: python of another checkout's venv, its layerwatch dump timed alongside",
     )
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="LABEL=PYTHON",
+        help="with --cli: one more side, alternated with the others (e.g. a wrapper that runs "
+        "this checkout's python with LAYERWATCH_WRITER=thread); repeatable",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--format", choices=("layerwatch", "msit"), default="layerwatch")
     parser.add_argument(
@@ -299,11 +311,14 @@ def main() -> int:
     )
     if args.cli:
         c = CONFIGS["long"]
-        res = bench_cli(c, args.repeats, args.before_python or None)
+        also = dict(a.split("=", 1) for a in args.also)
+        res = bench_cli(c, args.repeats, args.before_python or None, also)
+        labels = {"before": "layerwatch dump (before)", "dump": "layerwatch dump"}
+        labels.update({k: f"layerwatch dump ({k})" for k in also})
         wall0, gen0, cpu0, _ = res["plain"]
         print(f"config long {c}, whole processes (median wall / the script's generate time)")
         print(f"  python script.py: {wall0:.2f} s (generate {gen0:.2f} s, CPU {cpu0:.2f} s)")
-        for side, label in (("before", "layerwatch dump (before)"), ("dump", "layerwatch dump")):
+        for side, label in labels.items():
             if side in res:
                 wall, gen, cpu, count = res[side]
                 extra = (wall - wall0) / max(count, 1) * 1e6
@@ -318,7 +333,7 @@ def main() -> int:
             f"  min of {args.repeats} (least disturbed by other load): python script.py "
             f"{wall0:.2f} s (generate {gen0:.2f} s, CPU {cpu0:.2f} s)"
         )
-        for side in ("before", "dump"):
+        for side in labels:
             if side in mins:
                 wall, gen, cpu, _ = mins[side]
                 print(

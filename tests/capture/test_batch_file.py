@@ -16,7 +16,7 @@ import torch
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.safetensors_file import JOIN_BELOW
 from safetensors import safe_open
-from support import lwdump
+from support import lwdump, writers
 from torch import nn
 
 
@@ -93,11 +93,13 @@ def test_small_payloads_share_a_buffer_and_every_offset_stays_exact(tmp_path):
         )
 
 
-CHILD = """
-import os, resource, signal, sys, torch
+CHILD = (
+    writers.SELECT
+    + """
+import resource, signal, sys, torch
 from torch import nn
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
-os.environ["LAYERWATCH_WRITER"] = sys.argv[2]  # the writer in this process or in its own
+select_writer(sys.argv[2])  # the writer in this process, in its own, or handed over to it
 from layerwatch.capture import DumpConfig, register_hook
 
 class Emit(nn.Module):
@@ -125,9 +127,10 @@ for token in range(6):
 handle.close()
 print("failed:", handle.failed)
 """
+)
 
 
-@pytest.mark.parametrize("writer", ["thread", "process"])
+@pytest.mark.parametrize("writer", writers.WRITERS)
 def test_a_write_cut_in_the_middle_of_a_batch_leaves_earlier_batches_whole(tmp_path, writer):
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(tmp_path), writer],

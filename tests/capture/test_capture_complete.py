@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 from layerwatch.capture import DumpConfig, register_hook
-from layerwatch.capture.writer_process import ENV
-from support import lwdump
+from support import lwdump, writers
 from torch import nn
 
 
@@ -131,14 +130,15 @@ def _stats(t: torch.Tensor) -> dict[str, object]:
     }
 
 
-@pytest.mark.parametrize("writer", ["thread", "process"])
+@pytest.mark.parametrize("writer", writers.WRITERS)
 def test_every_tensor_lands_once_in_order_with_its_bytes(tmp_path, monkeypatch, writer):
-    monkeypatch.setenv(ENV, writer)  # the writer thread, or the writer process it feeds
+    # the writer thread, the writer process it feeds, or the thread, then the process
+    writers.select(monkeypatch, writer, spawn_after=40)
     torch.manual_seed(0)
     model = Net()
     config = DumpConfig(dump_path=tmp_path, batch_bytes=1500, flush_interval=0.001)
     handle = register_hook(model, config)
-    assert hasattr(handle._writer, "local") == (writer == "process")
+    assert hasattr(handle._writer, "local") == (writer != "thread")
     oracle = Oracle(model)  # after register_hook: its hooks see what the capture's saw
     tokens = 12
     with torch.no_grad():
@@ -146,6 +146,7 @@ def test_every_tensor_lands_once_in_order_with_its_bytes(tmp_path, monkeypatch, 
             model(torch.randn(64))
     handle.close()
     assert not getattr(handle._writer, "local", False)  # the process did write it
+    assert getattr(handle._writer, "remote", False) == (writer != "thread")
     run = handle.run_dir
     lines = lwdump.index(run)
     files = {line["file"] for line in lines if line["k"] == "t"}

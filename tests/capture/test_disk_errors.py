@@ -16,13 +16,15 @@ from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.demo import build_model, generate
 from layerwatch.capture.errors import LayerwatchError
 from safetensors import safe_open
-from support import lwdump
+from support import lwdump, writers
 
-CHILD = """
+CHILD = (
+    writers.SELECT
+    + """
 import json, os, resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then a write past the limit fails with EFBIG
 limit, at = int(sys.argv[2]), int(sys.argv[3])
-os.environ["LAYERWATCH_WRITER"] = sys.argv[5]  # the writer in this process or in its own
+select_writer(sys.argv[5])  # the writer in this process, in its own, or handed over to it
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.demo import build_model, generate
 model = build_model(layers=4)
@@ -41,6 +43,7 @@ handle.close()
 print(" ".join(map(str, ids[0].tolist())))
 print("failed:", handle.failed)
 """
+)
 CASES = {
     # the index crosses the limit in the middle of a batch's lines: the short write is undone
     "index-tensors": (150_000, 1, {"token_range": "1-"}),
@@ -73,7 +76,7 @@ def _check_intact(run) -> list[dict]:
     return lines
 
 
-@pytest.mark.parametrize("writer", ["thread", "process"])
+@pytest.mark.parametrize("writer", writers.WRITERS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_file_size_limit_stops_capture_but_not_the_model(tmp_path, case, writer):
     limit, at, config = CASES[case]

@@ -17,7 +17,7 @@ import pytest
 import torch
 from layerwatch.capture import DumpConfig, register_hook
 from layerwatch.capture.writer_process import ENV, ProcessWriter
-from support import lwdump, tiny_hf
+from support import lwdump, tiny_hf, writers
 from support.wide import Wide
 from torch import nn
 
@@ -26,20 +26,27 @@ pytest.importorskip("transformers")
 _VARIES = {"started", "updated", "pid", "argv"}
 
 
-def _hf_run(out: Path, mode: str, monkeypatch: pytest.MonkeyPatch, **config: object) -> Path:
-    monkeypatch.setenv(ENV, mode)
+def _hf_run(
+    out: Path, mode: str, monkeypatch: pytest.MonkeyPatch, spawn_after: int = 1, **config: object
+) -> Path:
+    writers.select(monkeypatch, mode, spawn_after)
     model = tiny_hf.build("llama", torch.float16)
     ids = tiny_hf.prompt()
-    # the batches are cut by flushes at each token's end and by batch_bytes, never by the
-    # clock, so both writers see the same batches and write the same files
+    # the batches are cut by flushes (each layer's MLP, each token's end) and by batch_bytes,
+    # never by the clock, so every writer sees the same batches and writes the same files; a
+    # cut inside a layer leaves aliases waiting for their source (the layer's input) and
+    # aliases of a source written before the cut: both cross a hand-over there
     config = {"flush_interval": 600.0, **config}
     handle = register_hook(model, DumpConfig(dump_path=out, **config))  # type: ignore[arg-type]
-    assert isinstance(handle._writer, ProcessWriter) == (mode == "process")
+    assert isinstance(handle._writer, ProcessWriter) == (mode != "thread")
 
     def flush(*_: object) -> None:
+        handle._recorder.hand_over(urgent=False)  # type: ignore[union-attr]
         handle.flush()
 
     model.register_forward_hook(flush)
+    for layer in model.model.layers:
+        layer.mlp.register_forward_hook(flush)
     with torch.no_grad():
         model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
@@ -47,9 +54,12 @@ def _hf_run(out: Path, mode: str, monkeypatch: pytest.MonkeyPatch, **config: obj
         )  # fmt: skip
     handle.close()
     assert handle.failed is None
-    if mode == "process":
-        assert not handle._writer.local  # type: ignore[union-attr]
-        assert handle._writer._proc.returncode == 0  # type: ignore[union-attr]
+    if mode != "thread":
+        writer = handle._writer
+        assert isinstance(writer, ProcessWriter) and writer.remote and not writer.local
+        assert writer._proc is not None and writer._proc.returncode == 0
+        here = writer.items_here
+        assert here == 0 if mode == "process" else 0 < spawn_after <= here < 800
     return handle.run_dir  # type: ignore[return-value]
 
 
@@ -77,18 +87,96 @@ def test_the_writer_process_writes_the_thread_writers_dump(tmp_path, monkeypatch
     assert lwdump.index(process)[-1]["k"] == "end"
 
 
-def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV, "process")
+@pytest.mark.parametrize("config", [{}, {"keep_tokens": 3}, {"batch_bytes": 8192}])
+@pytest.mark.parametrize("spawn_after", [1, 40, 200, 400])
+def test_a_hand_over_in_the_middle_of_a_run_writes_the_thread_writers_dump(
+    tmp_path, monkeypatch, config, spawn_after
+):
+    thread = _hf_run(tmp_path / "thread", "thread", monkeypatch, **config)
+    handed = _hf_run(tmp_path / "handover", "handover", monkeypatch, spawn_after, **config)
+    _same_dump(thread, handed)
+    assert lwdump.index(handed)[-1]["k"] == "end"
+
+
+def test_a_short_run_never_starts_the_writer_process(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)  # the default
+    model = Wide()
+    with register_hook(model, DumpConfig(dump_path=tmp_path)) as handle, torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(128, 128))
+    writer = handle._writer
+    assert isinstance(writer, ProcessWriter) and writer._proc is None and not writer.remote
+    assert lwdump.index(handle.run_dir)[-1] == {
+        "k": "end", "status": "complete", "tokens": 3, "tensors": 27
+    }  # fmt: skip
+
+
+def test_on_one_cpu_the_thread_writes_the_whole_run(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(ProcessWriter, "spawn_after", 1)
+    cpus = os.sched_getaffinity(0)
+    model = Wide()
+    x = torch.randn(128, 128)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        with register_hook(model, DumpConfig(dump_path=tmp_path)) as handle, torch.no_grad():
+            for _ in range(3):
+                model(x)
+                assert handle.flush(timeout=60)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    writer = handle._writer
+    assert isinstance(writer, ProcessWriter) and writer._proc is None and writer.local
+    assert lwdump.index(handle.run_dir)[-1]["status"] == "complete"
+
+
+def test_a_run_that_ends_before_the_hand_over_kills_the_process_and_never_waits(
+    tmp_path, monkeypatch
+):
+    from layerwatch.capture import writer_process
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(ProcessWriter, "spawn_after", 1)
+    # a process that never comes up (as one still importing under load would)
+    monkeypatch.setattr(writer_process, "_CHILD", "import time; time.sleep(120)")
+    model = Wide()
+    x = torch.randn(128, 128)
+    with register_hook(model, DumpConfig(dump_path=tmp_path)) as handle, torch.no_grad():
+        for _ in range(4):
+            model(x)
+            assert handle.flush(timeout=60)  # one batch each: the process starts after the first
+        proc = handle._writer._proc  # type: ignore[union-attr]
+        assert proc is not None and proc.poll() is None
+        start = time.monotonic()
+    waited = time.monotonic() - start
+    assert proc.returncode == -signal.SIGKILL and waited < 10  # killed and reaped, not awaited
+    assert not Path(f"/proc/{proc.pid}").exists()
+    writer = handle._writer
+    assert not writer.remote and writer.items_here > 0  # type: ignore[union-attr]
+    run = handle.run_dir
+    assert not list(run.rglob(".tmp-*"))  # type: ignore[union-attr]
+    lines = lwdump.index(run)
+    assert {ln["token"] for ln in lines if ln["k"] == "t"} == {0, 1, 2, 3}
+    assert lines[-1] == {"k": "end", "status": "complete", "tokens": 4, "tensors": 36}
+
+
+@pytest.mark.parametrize("mode", ["process", "handover"])
+def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(
+    tmp_path, monkeypatch, mode
+):
+    writers.select(monkeypatch, mode)
     bound = 512 * 1024
     model = Wide()
     x = torch.randn(128, 128)
     handle = register_hook(
         model, DumpConfig(dump_path=tmp_path, queue_bytes=bound, dump_statistics_mode=0)
     )
-    pid = handle._writer._proc.pid  # type: ignore[union-attr]
     with torch.no_grad():
-        model(x)
-        assert handle.flush(timeout=60)
+        for _ in range(2):  # handover: the thread writes the first, the process the second
+            model(x)
+            assert handle.flush(timeout=60)
+        assert handle._writer.remote  # type: ignore[union-attr]
+        pid = handle._writer._proc.pid  # type: ignore[union-attr]
         os.kill(pid, signal.SIGSTOP)  # a writer that makes no progress for half a second
         resume = threading.Timer(0.5, os.kill, (pid, signal.SIGCONT))
         resume.start()
@@ -97,7 +185,7 @@ def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(tmp_path
         model(x)  # more than the bound waits to be written: the model must wait
         waited = time.perf_counter() - start
         resume.join()
-        for _ in range(9):
+        for _ in range(8):
             model(x)
     handle.close()
     assert handle.failed is None
@@ -108,15 +196,19 @@ def test_a_stopped_writer_process_makes_the_model_wait_within_the_bound(tmp_path
     assert torch.equal(last, model(x).detach())
 
 
-def test_the_writer_process_killed_is_one_line_and_the_model_finishes(tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv(ENV, "process")
+@pytest.mark.parametrize("mode", ["process", "handover"])
+def test_the_writer_process_killed_is_one_line_and_the_model_finishes(
+    tmp_path, monkeypatch, capfd, mode
+):
+    writers.select(monkeypatch, mode)
     model = Wide()
     x = torch.randn(128, 128)
     handle = register_hook(model, DumpConfig(dump_path=tmp_path))
     with torch.no_grad():
         for _ in range(3):
             model(x)
-        assert handle.flush(timeout=60)
+            assert handle.flush(timeout=60)  # handover: the first batch here, then the process
+        assert handle._writer.remote  # type: ignore[union-attr]
         before = lwdump.index(handle.run_dir)
         files = {p.name: p.read_bytes() for p in (handle.run_dir / "data").iterdir()}
         os.kill(handle._writer._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
@@ -137,24 +229,29 @@ def test_the_writer_process_killed_is_one_line_and_the_model_finishes(tmp_path, 
     assert manifest["status"].startswith("error: capture stopped: the writer process was killed")
 
 
-MODEL_KILLED = """
-import os, signal, sys, torch
-os.environ["LAYERWATCH_WRITER"] = "process"
+MODEL_KILLED = (
+    writers.SELECT
+    + """
+import signal, sys, torch
+select_writer(sys.argv[2])
 from layerwatch.capture import DumpConfig, register_hook
 model = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(4)))
 handle = register_hook(model, DumpConfig(dump_path=sys.argv[1]))
 with torch.no_grad():
     for _ in range(5):
         model(torch.randn(2, 16))
-handle.flush()
+        handle.flush()
+assert handle._writer.remote
 print(handle._writer._proc.pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
+)
 
 
-def test_the_model_process_killed_lets_the_writer_process_end(tmp_path):
+@pytest.mark.parametrize("mode", ["process", "handover"])
+def test_the_model_process_killed_lets_the_writer_process_end(tmp_path, mode):
     proc = subprocess.run(
-        [sys.executable, "-c", MODEL_KILLED, str(tmp_path)],
+        [sys.executable, "-c", MODEL_KILLED, str(tmp_path), mode],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL
@@ -175,19 +272,22 @@ def test_the_model_process_killed_lets_the_writer_process_end(tmp_path):
     assert tokens == set(range(5))  # everything flushed before the kill is on disk
 
 
+@pytest.mark.parametrize("mode", ["process", "handover"])
 def test_a_writer_process_that_cannot_start_leaves_the_writing_to_this_process(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, mode
 ):
     from layerwatch.capture import writer_process
 
-    monkeypatch.setenv(ENV, "process")
+    writers.select(monkeypatch, mode)
     monkeypatch.setattr(writer_process, "_CHILD", "import sys; sys.exit(3)")  # no layerwatch there
     model = Wide()
     x = torch.randn(128, 128)
     with register_hook(model, DumpConfig(dump_path=tmp_path)) as handle, torch.no_grad():
         for _ in range(3):
             model(x)
+            assert handle.flush(timeout=60)
     assert handle.failed is None and handle._writer.local  # type: ignore[union-attr]
+    assert handle._writer._proc.returncode is not None  # type: ignore[union-attr]
     lines = lwdump.index(handle.run_dir)
     assert {ln["token"] for ln in lines if ln["k"] == "t"} == {0, 1, 2}
     assert lines[-1] == {"k": "end", "status": "complete", "tokens": 3, "tensors": 27}
