@@ -56,6 +56,7 @@ from typing import IO, Any, cast
 import numpy as np
 
 from .config import DumpConfig
+from .cpus import spare_core
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem
 from .index_lines import tail_text
 from .keep import TokenRing
@@ -114,7 +115,7 @@ class ProcessWriter(LayerwatchWriter):
         super().__init__(config, run_dir, topology, meta)
         self.local = False
         """The batches are written in this process for the rest of the run: the writer
-        process could not start, or this process may run on one CPU only."""
+        process could not start, or no core was to spare when it was due (capture/cpus.py)."""
         self.remote = False
         """The run was handed over: the writer process writes every batch from now on."""
         self.forced = os.environ.get(ENV, "") == "process"
@@ -167,8 +168,8 @@ class ProcessWriter(LayerwatchWriter):
         if self._proc is None:
             if self.items_here < self.spawn_after:
                 return False
-            if _cpus() < 2:  # one CPU: the process could only add its own work to the model's
-                self.local = True
+            if not (self.wait_for_start or spare_core()):  # capture/cpus.py: on a busy
+                self.local = True  # core the process only adds its start and the pipe
                 return False
             self._start_process()
             if self.local:
@@ -421,14 +422,6 @@ class ProcessWriter(LayerwatchWriter):
         """A forked child holds copies of the pipes: close them, so that the writer process
         still sees the model process end (``capture/hooks.py``'s fork handler)."""
         self._close_pipes()
-
-
-def _cpus() -> int:
-    """CPUs this process may run on (the writer process would share them)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _ring_state(ring: TokenRing) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from layerwatch.capture.cpus import spare_core
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.blas import limit_blas_threads
@@ -166,35 +167,12 @@ def _prefetch(
     if sum(g.nbytes + t.nbytes for g, t in pairs) < PREFETCH_FROM:
         return None
     knob = os.environ.get("LAYERWATCH_PREFETCH", "")
-    if knob == "0" or (knob != "1" and not _spare_core()):
+    if knob == "0" or (knob != "1" and not spare_core()):
         return None
     try:
         return PayloadPrefetch(pairs, chunk_elems)
     except (MemoryError, RuntimeError):  # no room for the ring, no thread: read them here
         return None
-
-
-def _cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _spare_core() -> bool:
-    """Whether a second core is likely idle for the reader thread: two or more cores and the
-    one-minute load average below ``cores − ½``. On a core the box is using anyway the thread
-    saves no time and costs ~7 % more CPU for the streamed pairs (its copies land in another
-    core's cache; bench case (a) at load 4–7 on the 2-core development box)."""
-    cores = _cores()
-    if cores < 2:
-        return False
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average (Windows): assume the core is there
-        return True
-    return load < cores - 0.5
 
 
 def _keep_stats(result: PairResult, stats: tuple[Stats, Stats] | None) -> None:

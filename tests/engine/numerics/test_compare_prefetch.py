@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from layerwatch.capture import cpus
 from layerwatch.engine.numerics import compare as compare_mod
 from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.compare import compare_pairs
@@ -133,7 +134,7 @@ def test_when_a_thread_reads_ahead(tmp_path, monkeypatch) -> None:
     more cores and a load average below cores − ½ (LAYERWATCH_PREFETCH=1/0 decides instead)."""
     items = _items(tmp_path)
     monkeypatch.delenv("LAYERWATCH_PREFETCH", raising=False)
-    monkeypatch.setattr(compare_mod, "_cores", lambda: 2)
+    monkeypatch.setattr(cpus, "cores", lambda: 2)
     monkeypatch.setattr(compare_mod.os, "getloadavg", lambda: (0.9, 0.9, 0.9))
     assert compare_mod._prefetch(items, CHUNK) is None  # ~1.5 MB, below PREFETCH_FROM
     monkeypatch.setattr(compare_mod, "PREFETCH_FROM", 0)
@@ -146,7 +147,7 @@ def test_when_a_thread_reads_ahead(tmp_path, monkeypatch) -> None:
     ahead = compare_mod._prefetch(items, CHUNK)
     assert ahead is not None
     ahead.close()
-    monkeypatch.setattr(compare_mod, "_cores", lambda: 1)
+    monkeypatch.setattr(cpus, "cores", lambda: 1)
     monkeypatch.delenv("LAYERWATCH_PREFETCH")
     monkeypatch.setattr(compare_mod.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert compare_mod._prefetch(items, CHUNK) is None  # one core: nothing to overlap on

@@ -1,0 +1,31 @@
+"""Cores this process may use, and whether one is likely idle: the one rule for the helpers
+that pay off only on a core the box is not using — the compare's reader thread
+(engine/numerics/compare.py) and the capture's writer process (capture/writer_process.py)."""
+
+from __future__ import annotations
+
+import os
+
+
+def cores() -> int:
+    """Cores this process may run on (its affinity, where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def spare_core() -> bool:
+    """Two or more cores and the one-minute load average below ``cores − ½``. On a core the
+    box is using anyway a helper saves no time and costs more CPU: the reader thread ~7 % for
+    streamed pairs (its copies land in another core's cache; bench case (a) at load 4–7 on the
+    2-core development box); the writer process its start and the pipe (the 512-token
+    ``bench_dump.py --cli`` run at load ~2 on 2 cores: no gain over the thread writer)."""
+    n = cores()
+    if n < 2:
+        return False
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): assume the core is there
+        return True
+    return load < n - 0.5
