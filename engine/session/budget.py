@@ -22,9 +22,10 @@ from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
 
-PAIR_BYTES = 64
+PAIR_BYTES = 128
 """A pair in a windowed compare: both sides' index columns (24 B a tensor line each,
-engine/readers/index_columns.py) and string tables, with room to spare."""
+engine/readers/index_columns.py), string tables and the allocators' slack, with room to spare
+(peak RSS grew ~70 B a pair from 100 k to 1 M pairs)."""
 SESSION_BYTES = 6_000
 """A pair held by a whole-run CompareSession: both records, raw and reported result (~5.4 KB)."""
 WINDOW_BYTES = 160 << 20

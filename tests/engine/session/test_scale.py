@@ -119,7 +119,7 @@ def test_a_compare_too_big_for_memory_is_one_line_naming_the_filters(tmp_path: P
     )
     assert small.returncode == 2, small.stderr
     line = small.stderr.strip()
-    fit = (1 << 18) // (400 * PAIR_BYTES + TOKEN_BYTES)  # 9
+    fit = (1 << 18) // (400 * PAIR_BYTES + TOKEN_BYTES)  # 4
     assert "\n" not in line and "8 000 pairs" in line and f"--tokens 0-{fit - 1} fits" in line, line
     assert "--nodes" in line
     fits = subprocess.run(

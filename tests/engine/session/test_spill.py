@@ -158,12 +158,12 @@ def test_compare_keeps_no_store_whatever_layerwatch_spill_says(tmp_path: Path) -
 
 
 def test_a_windowed_compare_is_refused_only_when_its_window_and_tables_do_not_fit() -> None:
-    """What a store of ~170 B a pair made too big (8 M pairs: 2 GB) fits in 1 GB now: the
-    window, a token's tables and the index columns; less than that is the one line with the
-    ``--tokens`` that fit. A whole-run session still counts every pair's records."""
+    """What a store of 256 B a pair made too big for 2 GB (8 M pairs: 2.2 GB with the window)
+    fits now: the window, a token's tables and the index columns; less than that is the one
+    line with the ``--tokens`` that fit. A whole-run session still counts every pair's records."""
     big = budget.Estimate(8_000_000, 4_000, windowed=True)
-    budget.check(big, 1 << 30)  # 160 MB of window, 512 MB of columns, 8 MB of token tables
-    assert big.nbytes < 1 << 30
+    budget.check(big, 2 << 30)  # 160 MB of window, 1 GB of columns, 8 MB of token tables
+    assert big.nbytes < 2 << 30 < 8_000_000 * 256 + budget.WINDOW_BYTES
     per_token = 2_000 * budget.PAIR_BYTES + budget.TOKEN_BYTES
     fit = (200 << 20) - budget.WINDOW_BYTES
     with pytest.raises(budget.LayerwatchError, match=f"--tokens 0-{fit // per_token - 1} fits"):
