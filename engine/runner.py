@@ -85,7 +85,7 @@ def _compare_main(args: argparse.Namespace) -> int:
 
     from layerwatch.engine.outcome import check_report_path, conclude_compare
     from layerwatch.engine.readers import open_dump
-    from layerwatch.engine.session.budget import Estimate, check, parse_size, spill_dir
+    from layerwatch.engine.session.budget import Estimate, check, parse_size
     from layerwatch.engine.session.core import CompareSession
 
     tokens = parse_tokens(args.tokens) if getattr(args, "tokens", None) else None
@@ -137,8 +137,8 @@ def _compare_main(args: argparse.Namespace) -> int:
     )
     chunked = _chunked(readers, tokens, args)
     if chunked is not None:
-        plan = check(chunked[0], limit_bytes, spill_dir(output))
-        return _compare_windowed(args, chunked[1], make_session, keep, progress, empty, plan.spill)
+        check(chunked[0], limit_bytes)
+        return _compare_windowed(args, chunked[1], make_session, keep, progress, empty)
     cased = _case_tables(readers, args, keep)
     if cased is not None:  # several prompts: a case's records read when its turn comes
         from layerwatch.engine.cases import stream_cases
@@ -242,11 +242,9 @@ def _compare_windowed(
     keep: Callable[[ReaderUpdate], ReaderUpdate],
     progress: _Progress,
     empty: str,
-    spill: Path | None = None,
 ) -> int:
     """engine/session/windowed.py: rows are written as each window of tokens is judged; a run
-    stopped part-way (Ctrl-C, a full disk) keeps them in a report marked incomplete.
-    ``spill``: the store's chunks go to files there (engine/session/budget.py chose it)."""
+    stopped part-way (Ctrl-C, a full disk) keeps them in a report marked incomplete."""
     from layerwatch.engine.outcome import ReportStream, conclude_compare
     from layerwatch.engine.session.windowed import WindowedRun, compare_windows
 
@@ -258,7 +256,7 @@ def _compare_windowed(
     nodes = getattr(args, "nodes", None)
     chunks = {side: _Filtered(reader, keep, nodes) for side, reader in readers.items()}
     spread = WindowSpread(world_size(args.target), getattr(args, "map", None))
-    run = WindowedRun(spill)
+    run = WindowedRun()
     try:
         run = compare_windows(
             chunks,

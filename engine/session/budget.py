@@ -1,43 +1,37 @@
 """Will a compare fit in memory? Estimated from the index before anything is compared.
 
 A compare that does not fit must end in one line naming the filters that make it fit, not in a
-process the kernel kills an hour in. Bytes a pair are this repository's measured figures
+process the kernel kills an hour in. Bytes are this repository's measured figures
 (tests/bench/bench_scale.py) rounded up: a windowed compare (engine/session/windowed.py) keeps
-``STORE_BYTES`` a pair plus one window, a whole-run session ``SESSION_BYTES`` a pair.
+one window, ``TOKEN_BYTES`` a token and ``PAIR_BYTES`` a pair (the index's columns and string
+tables, not a result: its pairs are in the report once judged), a whole-run session
+``SESSION_BYTES`` a pair.
 
-A windowed compare whose store would not fit spills it (engine/session/store.py): full chunks
-go to a file, RAM keeps ``SPILLED_BYTES`` a pair and ``TOKEN_BYTES`` a token (string tables,
-token ids) plus ``SPILL_RAM``; the disk needs ``DISK_BYTES`` a pair. Only what does not fit
-even then is refused. ``LAYERWATCH_SPILL=always|never`` forces it on or off (the bench compares
-both); ``LAYERWATCH_SPILL_DIR`` moves the files (default: beside the ``-o`` report, else the
-temporary directory).
+The live session (``open``, ``watch``, ``run``, the TUI) keeps every settled pair in a result
+store that spills its full chunks to disk (engine/session/settled.py, :func:`live_spill`);
+``LAYERWATCH_SPILL=always|never`` and ``LAYERWATCH_SPILL_DIR`` are read for it.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
 
-STORE_BYTES = 256
-"""A pair in the result store, with room to spare (measured ~170)."""
+PAIR_BYTES = 128
+"""A pair in a windowed compare: both sides' index columns (24 B a tensor line each,
+engine/readers/index_columns.py), string tables and the allocators' slack, with room to spare
+(peak RSS grew ~70 B a pair from 100 k to 1 M pairs)."""
 SESSION_BYTES = 6_000
 """A pair held by a whole-run CompareSession: both records, raw and reported result (~5.4 KB)."""
 WINDOW_BYTES = 160 << 20
 """One window's records and results while it is compared, and the interpreter's own growth."""
-SPILLED_BYTES = 16
-"""A pair in a spilled store (measured ~1: what grows is per distinct name, not per pair)."""
 TOKEN_BYTES = 2_048
-"""A token in a spilled windowed run: its data files' paths in the store, its input ids."""
-SPILL_RAM = 64 << 20
-"""A spilled store's chunks being filled and its read cache (engine/session/store.py: ~44 MB)."""
-DISK_BYTES = 256
-"""A pair in the spill files (measured ~170: 104 B of row and its metric values)."""
+"""A token in a windowed compare: its input ids, its data files' paths."""
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -64,7 +58,7 @@ def available() -> int | None:
 
 
 def spill_mode() -> str:
-    """``auto`` (spill when the store would not fit), ``always`` or ``never``."""
+    """``auto`` or ``always`` (a live session spills), ``never`` (it keeps its store in RAM)."""
     mode = os.environ.get("LAYERWATCH_SPILL", "auto").strip().lower() or "auto"
     if mode not in ("auto", "always", "never"):
         raise LayerwatchError(f"LAYERWATCH_SPILL={mode!r}: expected auto, always or never")
@@ -95,73 +89,41 @@ class Estimate:
     pairs: int
     tokens: int
     windowed: bool
-    spill: Path | None = None
-    """Where the store's full chunks go (a windowed compare that would not fit in RAM)."""
 
     @property
     def per_pair(self) -> int:
-        if not self.windowed:
-            return SESSION_BYTES
-        return STORE_BYTES
+        return PAIR_BYTES if self.windowed else SESSION_BYTES
+
+    @property
+    def per_token(self) -> float:
+        """Bytes a token adds: its pairs, and a windowed compare's token tables."""
+        pairs = self.pairs / self.tokens if self.tokens else 0
+        return pairs * self.per_pair + (TOKEN_BYTES if self.windowed else 0)
 
     @property
     def nbytes(self) -> int:
-        if self.spill is not None:
-            fixed = self.tokens * TOKEN_BYTES + WINDOW_BYTES + SPILL_RAM
-            return self.pairs * SPILLED_BYTES + fixed
-        return self.pairs * self.per_pair + (WINDOW_BYTES if self.windowed else 0)
-
-    @property
-    def disk_bytes(self) -> int:
-        return self.pairs * DISK_BYTES if self.spill is not None else 0
+        if not self.windowed:
+            return self.pairs * SESSION_BYTES
+        return self.pairs * PAIR_BYTES + self.tokens * TOKEN_BYTES + WINDOW_BYTES
 
     def tokens_that_fit(self, budget: int) -> int:
         """How many tokens (of about equal size) fit in ``budget`` bytes."""
         if not self.tokens or not self.pairs:
             return 0
-        per_token = self.pairs / self.tokens * self.per_pair
         room = budget - (WINDOW_BYTES if self.windowed else 0)
-        return max(0, int(room // per_token))
+        return max(0, int(room // self.per_token))
 
 
 def _gb(n: float) -> str:
     return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
 
 
-def check(estimate: Estimate, limit: int | None, spill: Path | None = None) -> Estimate:
-    """The estimate to run with: ``estimate`` when it fits in ``limit`` bytes (default: the
-    free memory), else, for a windowed compare given a ``spill`` directory, the same spilled
-    to it when that fits in memory and on its disk; else the one-line LayerwatchError."""
+def check(estimate: Estimate, limit: int | None) -> None:
+    """Nothing when ``estimate`` fits in ``limit`` bytes (default: the free memory), else the
+    one-line LayerwatchError naming the filters that make it fit."""
     budget = limit if limit is not None else available()
-    mode = spill_mode() if estimate.windowed and spill is not None else "never"
-    fits = budget is None or estimate.nbytes <= budget
-    if mode == "never" or (fits and mode == "auto"):
-        if fits:
-            return estimate
-        _refuse(estimate, budget, limit)
-    spilled = replace(estimate, spill=spill)
-    if budget is not None and spilled.nbytes > budget:
-        _refuse(estimate, budget, limit)
-    free = _disk_free(spill)
-    if free is not None and spilled.disk_bytes > free:
-        _refuse(estimate, budget, limit, disk=(spilled.disk_bytes, free, spill))
-    return spilled
-
-
-def _disk_free(directory: Path | None) -> int | None:
-    try:
-        return shutil.disk_usage(directory).free if directory is not None else None
-    except OSError:
-        return None
-
-
-def _refuse(
-    estimate: Estimate,
-    budget: int | None,
-    limit: int | None,
-    disk: tuple[int, int, Path | None] | None = None,
-) -> None:
-    budget = budget if budget is not None else 0
+    if budget is None or estimate.nbytes <= budget:
+        return
     fit = estimate.tokens_that_fit(budget)
     if fit:
         hint = f"--tokens 0-{fit - 1} fits, or --nodes GLOB for fewer nodes"
@@ -169,11 +131,7 @@ def _refuse(
         hint = "not even one token fits: --nodes GLOB for fewer nodes (and --tokens)"
     pairs = f"{estimate.pairs:,}".replace(",", " ")
     allowed = "is allowed (--max-memory)" if limit is not None else "is free"
-    spilled = ""
-    if disk is not None:
-        need, free, where = disk
-        spilled = f"; spilled to disk they need about {_gb(need)} and {where} has {_gb(free)}"
     raise LayerwatchError(
         f"about {pairs} pairs need about {_gb(estimate.nbytes)} of memory and "
-        f"{_gb(budget)} {allowed}{spilled}: {hint}"
+        f"{_gb(budget)} {allowed}: {hint}"
     )

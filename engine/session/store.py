@@ -248,7 +248,10 @@ class ResultStore:
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         """Reads of spilled rows by ``i // READ_ROWS``."""
         self._lock = threading.Lock()
-        self._closer = weakref.finalize(self, _close_all, self._files)
+        # Only spill files need closing: an in-RAM store (each window's session of a compare
+        # makes one) registers no finalizer, whose callback run by a collection would swallow
+        # a Ctrl-C that lands in it ("Exception ignored"), and the compare would not stop.
+        self._closer = weakref.finalize(self, _close_all, self._files) if self._files else None
 
     def __len__(self) -> int:
         return self._n
@@ -273,7 +276,8 @@ class ResultStore:
     def close(self) -> None:
         """Give the spill files' disk space back (kept files stay); reading spilled pairs
         after this fails. A store without spill has nothing to close."""
-        self._closer()
+        if self._closer is not None:
+            self._closer()
 
     def __enter__(self) -> ResultStore:
         return self

@@ -17,8 +17,10 @@ windows in token order:
 - counts and notes: summed / kept once, in order.
 
 Each window is a fresh session sharing one pairer (its weight match is computed once) and one
-job runner (one process pool). Its rows go to the report stream as the window completes and its
-results into the :class:`~.store.ResultStore`; then the window's records and results are dropped.
+job runner (one process pool). Its rows go to the report stream as the window completes, the
+merged findings and counts take what they need; then the window's records and results are dropped
+(no pair is kept: nothing reads a finished compare's pairs back, so its memory does not grow with
+them).
 Readers hand records over a chunk at a time in token order (``poll_chunk``: a layerwatch index
 chunk, an msit or ATB token directory of every rank, a token of every msprobe ``dump.json``
 read as a stream). A token closes once every rank of both sides has read past it (:attr:`_Side.top`); a
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from layerwatch.engine.readers.base import ReaderUpdate
@@ -39,7 +40,6 @@ from layerwatch.engine.records import PairResult, Verdict
 from layerwatch.engine.seam import BlockInfo, Divergence, Finding, Summary
 from layerwatch.engine.session.column_windows import column_windows, open_tables
 from layerwatch.engine.session.core import CompareSession
-from layerwatch.engine.session.store import ResultStore
 
 SIDES = ("golden", "target")
 WINDOW_TENSORS = 2_048
@@ -156,14 +156,11 @@ def windows(
 
 
 class WindowedRun:
-    """What a finished windowed compare knows: the merged findings, counts and notes, and
-    every pair in a :class:`ResultStore`. Quacks like the session for engine/outcome.py and
-    ``wording.summary_text`` (summary, findings, divergence, notes, token ids, blocks).
-    ``spill``: a directory the store writes its full chunks to (engine/session/budget.py
-    decides when; a note says so)."""
+    """What a finished windowed compare knows: the merged findings, counts and notes (no
+    pair: its rows are already in the report). Quacks like the session for engine/outcome.py
+    and ``wording.summary_text`` (summary, findings, divergence, notes, token ids, blocks)."""
 
-    def __init__(self, spill: Path | None = None) -> None:
-        self.store = ResultStore(spill)
+    def __init__(self) -> None:
         self.first_failure: Finding | None = None
         self.root_cause: Finding | None = None
         self._logits_bad: int | None = None
@@ -183,7 +180,6 @@ class WindowedRun:
     def take(self, session: CompareSession, results: list[PairResult]) -> None:
         """Fold one compared window in (its rows were already written)."""
         self.rows += len(results)
-        self.store.append(results)
         s = session.summary
         for name in self._counts:
             self._counts[name] += getattr(s, name)
@@ -247,13 +243,7 @@ class WindowedRun:
 
     @property
     def notes(self) -> list[str]:
-        notes = list(self._notes)
-        if self.store.disk_bytes:
-            notes.append(
-                f"results spilled to disk: {self.store.disk_bytes / 2**20:.0f} MB "
-                f"in {self.store.spill_dir} (more than fits in memory)"
-            )
-        return notes
+        return list(self._notes)
 
     def token_ids(self, side: str) -> dict[int, tuple[int, ...]]:
         return dict(self._token_ids[side])

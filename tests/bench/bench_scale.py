@@ -10,9 +10,9 @@ one per token), cached under ``--work`` (default ``/tmp/layerwatch-bench-scale``
 pairs/s, that process's peak RSS (``wait4``), and bytes a pair of RAM above start-up (peak RSS
 minus the peak of the same command on a one-token dump, over the pairs). ``--big`` adds 4 M
 pairs. ``--open`` also times opening the index alone (``open_dump(...).poll``). ``--spill``
-runs each size twice in turn, the result store in RAM and spilled to disk
-(``LAYERWATCH_SPILL=never|always``, engine/session/budget.py), and prints the ratio of both;
-``--byte-chunks`` also runs each compare the way it read windows before the column index.
+(with ``--session-only``) runs each size with the live session's store in RAM, then spilled
+(``LAYERWATCH_SPILL=never|auto``, engine/session/budget.py ``live_spill``); ``compare`` keeps
+no store (engine/session/windowed.py); ``--byte-chunks`` also runs each compare the way it read windows before the column index.
 
     python tests/bench/bench_scale.py --open-only 1000000 10000000 [--stats]
 
@@ -765,7 +765,9 @@ def main() -> None:
         "--tui", type=int, nargs="*", default=[], help="TUI figures over `open` of these pairs"
     )
     parser.add_argument(
-        "--spill", action="store_true", help="each size with the store in RAM, then on disk"
+        "--spill",
+        action="store_true",
+        help="with --session-only: the live session's store in RAM, then spilled",
     )
     parser.add_argument(
         "--open-only",
@@ -805,40 +807,20 @@ def main() -> None:
     if args.session_only:
         session_table(args.work, sizes, args.tensors, args.suffix, args.spill)
         return
-    modes = ("never", "always") if args.spill else ("auto",)
-    store = {"auto": "", "never": "  RAM", "always": "  disk"}
     variants = [("windows", False, False)]
     variants += [("byte-chunk windows", True, False)] if args.byte_chunks else []
     variants += [("whole run", False, True)] if args.before else []
     print(f"{args.format} dumps")
     print("pairs      seconds  pairs/s   peak RSS  start RSS  bytes/pair  path")
     for pairs in sizes:
-        got = {}
-        for mode in modes:
-            for label, byte_chunks, whole in variants:
-                f = measure(
-                    args.work,
-                    pairs,
-                    args.tensors,
-                    args.suffix,
-                    mode,
-                    byte_chunks,
-                    args.format,
-                    whole,
-                )
-                if label == "windows":
-                    got[mode] = f
-                print(
-                    f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
-                    f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
-                    f"{f['bytes_per_pair']:8.0f}    {label}{store[mode]}",
-                    flush=True,
-                )
-        if args.spill:
-            ram, disk = got["never"], got["always"]
+        for label, byte_chunks, whole in variants:  # compare keeps no store: nothing spills
+            f = measure(
+                args.work, pairs, args.tensors, args.suffix, "auto", byte_chunks, args.format, whole
+            )
             print(
-                f"  spilled/RAM: pairs/s {disk['pairs_per_s'] / ram['pairs_per_s']:.2f}, "
-                f"peak RSS {disk['peak_rss_mb'] / ram['peak_rss_mb']:.2f}",
+                f"{f['pairs']:>9,}  {f['seconds']:7.1f}  {f['pairs_per_s']:7.0f}  "
+                f"{f['peak_rss_mb']:6.0f} MB  {f['start_rss_mb']:6.0f} MB  "
+                f"{f['bytes_per_pair']:8.0f}    {label}",
                 flush=True,
             )
         if args.session:

@@ -1,6 +1,8 @@
 """A result store that spills its full chunks to disk: the same rows and reports as in RAM,
-its files gone at close and on error, a full disk one line with the report kept, and RAM that
-does not grow with the pairs (engine/session/store.py, engine/session/budget.py).
+its files gone at close and on error, a full disk one line, and RAM that does not grow with the
+pairs (engine/session/store.py; the live session's, engine/session/settled.py). A headless
+``compare`` keeps no store: it writes no spill file and its estimate grows no store
+(engine/session/windowed.py, engine/session/budget.py).
 
 Chunks are made small (module constants patched, in-process or by a wrapper in the child) so
 a few thousand real pairs spill many chunks.
@@ -120,9 +122,14 @@ def test_spill_files_are_removed_at_close_and_when_dropped(tmp_path: Path) -> No
     assert paths[0].stat().st_size == store.CHUNK * ROW.itemsize  # the one full chunk
 
 
-def test_a_spilled_compare_writes_the_same_report_byte_for_byte(tmp_path: Path) -> None:
+def test_compare_keeps_no_store_whatever_layerwatch_spill_says(tmp_path: Path) -> None:
+    """Chunks of 256 rows: the 2 800 pairs filled ten when ``compare`` stored its pairs. Now
+    the report is the same byte for byte with ``LAYERWATCH_SPILL`` never and always, nothing
+    is written beside it or in the spill directory, and no note says results were spilled."""
     golden, target = _dumps(tmp_path, 14, 200, faults=((3, 5),), diverge_at=11)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LAYERWATCH_SPILL_DIR": str(spill)}
     reports = {}
     for mode in ("never", "always"):
         for suffix in (".csv", ".jsonl"):
@@ -142,36 +149,38 @@ def test_a_spilled_compare_writes_the_same_report_byte_for_byte(tmp_path: Path) 
     )  # nothing beside the reports
     said = subprocess.run(
         [*_cli(), "compare", str(golden), str(target), "--jobs", "1"],
-        env={**env, "LAYERWATCH_SPILL": "always", "LAYERWATCH_SPILL_DIR": str(tmp_path)},
+        env={**env, "LAYERWATCH_SPILL": "always"},
         capture_output=True,
         text=True,
     )
-    assert said.returncode == 1 and "note: results spilled to disk" in said.stdout, said.stdout
+    assert said.returncode == 1 and "pairs: 2800 compared" in said.stdout, said.stdout
+    assert "spilled" not in said.stdout and not any(spill.iterdir())
 
 
-def test_too_big_for_memory_spills_instead_of_refusing(tmp_path: Path) -> None:
-    """What was refused before (tests/engine/session/test_scale.py) runs on disk when only
-    the store does not fit; what does not fit even spilled is still the one line."""
+def test_a_windowed_compare_is_refused_only_when_its_window_and_tables_do_not_fit() -> None:
+    """What a store of 256 B a pair made too big for 2 GB (8 M pairs: 2.2 GB with the window)
+    fits now: the window, a token's tables and the index columns; less than that is the one
+    line with the ``--tokens`` that fit. A whole-run session still counts every pair's records."""
     big = budget.Estimate(8_000_000, 4_000, windowed=True)
-    plan = budget.check(big, 1 << 30, tmp_path)  # 2 GB in RAM, 1 GB allowed
-    assert plan.spill == tmp_path and plan.nbytes < 1 << 30 < big.nbytes
-    assert budget.check(budget.Estimate(1000, 1, windowed=True), 1 << 30, tmp_path).spill is None
-    with pytest.raises(budget.LayerwatchError, match="--tokens 0-"):
-        budget.check(big, 200 << 20, tmp_path)  # not even the window and the spill's cache
-    free = shutil.disk_usage(tmp_path).free
-    huge = budget.Estimate(free // budget.DISK_BYTES + 1, 1, windowed=True)
-    with pytest.raises(budget.LayerwatchError, match="spilled to disk they need") as err:
-        budget.check(huge, 1 << 33, tmp_path)
+    budget.check(big, 2 << 30)  # 160 MB of window, 1 GB of columns, 8 MB of token tables
+    assert big.nbytes < 2 << 30 < 8_000_000 * 256 + budget.WINDOW_BYTES
+    per_token = 2_000 * budget.PAIR_BYTES + budget.TOKEN_BYTES
+    fit = (200 << 20) - budget.WINDOW_BYTES
+    with pytest.raises(budget.LayerwatchError, match=f"--tokens 0-{fit // per_token - 1} fits"):
+        budget.check(big, 200 << 20)
+    with pytest.raises(budget.LayerwatchError, match="not even one token fits") as err:
+        budget.check(big, budget.WINDOW_BYTES)
     assert "\n" not in str(err.value)
-    whole = budget.Estimate(1_000_000, 10, windowed=False)  # a whole-run session cannot spill
-    with pytest.raises(budget.LayerwatchError):
-        budget.check(whole, 1 << 30, tmp_path)
+    whole = budget.Estimate(1_000_000, 10, windowed=False)  # a whole-run session: 6 GB
+    with pytest.raises(budget.LayerwatchError, match="--tokens 0-"):
+        budget.check(whole, 1 << 30)
 
 
-def test_a_full_disk_while_spilling_is_one_line_and_keeps_the_rows(tmp_path: Path) -> None:
-    """A 512 KB tmpfs (in a private mount namespace: nothing is left mounted) holds the spill;
-    the report is elsewhere and keeps the rows written before the write that failed. The disk
-    check before the run is told each pair needs nothing (as if the disk filled up later)."""
+def test_a_full_disk_while_the_live_session_spills_is_one_line(tmp_path: Path) -> None:
+    """A 512 KB tmpfs (in a private mount namespace: nothing is left mounted) holds the spill:
+    ``open --headless``, whose settled store spills, stops with one line naming it and exit 2;
+    ``compare`` of the same dumps, given the same full spill directory, writes nothing there
+    and its whole report."""
     unshare = shutil.which("unshare")
     probe = subprocess.run(
         [unshare or "unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {tmp_path}"],
@@ -182,22 +191,24 @@ def test_a_full_disk_while_spilling_is_one_line_and_keeps_the_rows(tmp_path: Pat
     golden, target = _dumps(tmp_path / "dumps", 30, 400)
     spill, report = tmp_path / "spill", tmp_path / "report.csv"
     spill.mkdir()
-    unchecked = "import layerwatch.engine.session.budget as b; b.DISK_BYTES = 0\n"
-    command = [*_cli(1024, 512, unchecked), "compare", str(golden), str(target), "-o", str(report)]
     script = f'mount -t tmpfs -o size=512k tmpfs {spill} && exec "$@"'
-    done = subprocess.run(
-        [unshare, "-rm", "sh", "-c", script, "sh", *command, "--jobs", "1"],
-        env={**os.environ, "LAYERWATCH_SPILL": "always", "LAYERWATCH_SPILL_DIR": str(spill)},
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "spilling results to" in done.stderr and "No space left" in done.stderr
+    env = {**os.environ, "LAYERWATCH_SPILL": "always", "LAYERWATCH_SPILL_DIR": str(spill)}
+    said = {}
+    for command, extra in (("open", ["--headless"]), ("compare", [])):
+        run = [*_cli(1024, 512), command, str(golden), str(target), *extra, "-o", str(report)]
+        said[command] = subprocess.run(
+            [unshare, "-rm", "sh", "-c", script, "sh", *run, "--jobs", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    live = said["open"]
+    assert live.returncode == 2 and live.stderr.count("No space left") == 1, live.stderr
+    assert "spilling results to" in live.stderr.splitlines()[-1], live.stderr
+    done = said["compare"]
+    assert done.returncode in (0, 1) and not done.stderr, done.stderr  # judged, not stopped
     lines = report.read_text().splitlines()
-    assert lines[-1].startswith("# incomplete: stopped after "), lines[-1]
-    rows = int(lines[-1].split("after ")[1].split()[0])
-    assert 0 < rows < 12_000 and rows == len(lines) - 2
-    assert [int(line.split(",")[1]) for line in lines[1:-1]] == list(range(rows))
+    assert len(lines) == 1 + 12_000 and not lines[-1].startswith("#"), lines[-1]
 
 
 _RSS = """
