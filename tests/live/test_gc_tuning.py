@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "msprobe"
 
 
@@ -148,15 +150,6 @@ print(json.dumps({"code": code, "during": during, "after": gc.get_threshold(),
 """
 
 
-def test_compare_collects_less_often_and_puts_the_thresholds_back(tmp_path: Path) -> None:
-    golden, target = FIXTURES / "tensor_golden", FIXTURES / "tensor_target"
-    seen = _run(BATCH, str(golden), str(target), str(tmp_path / "report.csv"))
-    assert seen["code"] in (0, 1)
-    assert seen["during"] == [seen["batch"], seen["batch"]]  # from the compare's start to its end
-    assert seen["after"] == [700, 10, 10]
-    assert (tmp_path / "report.csv").stat().st_size > 0
-
-
 def test_batch_collections_leave_thresholds_someone_else_changed() -> None:
     import gc
 
@@ -194,10 +187,17 @@ print(json.dumps({"code": code, "during": during, "after": gc.get_threshold(),
 """
 
 
-def test_open_headless_collects_less_often_and_puts_the_thresholds_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "calls"),
+    [(BATCH, 2), (HEADLESS, 1)],  # compare: at its start and end; open --headless: at its start
+    ids=["compare", "open-headless"],
+)
+def test_collects_less_often_and_puts_the_thresholds_back(
+    tmp_path: Path, script: str, calls: int
+) -> None:
     golden, target = FIXTURES / "tensor_golden", FIXTURES / "tensor_target"
-    seen = _run(HEADLESS, str(golden), str(target), str(tmp_path / "report.csv"))
+    seen = _run(script, str(golden), str(target), str(tmp_path / "report.csv"))
     assert seen["code"] in (0, 1)
-    assert seen["during"] == [seen["batch"]]
+    assert seen["during"] == [seen["batch"]] * calls
     assert seen["after"] == [700, 10, 10]
     assert (tmp_path / "report.csv").stat().st_size > 0
