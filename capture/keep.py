@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 FINITE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 """fp16/bf16 finite maxima (a value there is saturated): the engine's anomaly checks use the
@@ -70,6 +71,21 @@ class TokenRing:
         for rel in gone:
             del self.files[rel]
         return gone
+
+    def state(self) -> dict[str, Any]:
+        """The ring as JSON: it crosses to the writer process at the hand-over
+        (capture/writer_process.py)."""
+        files = {rel: sorted(tokens) for rel, tokens in self.files.items()}
+        return {"keep": self.keep, "files": files, "kept": sorted(self.kept), "latest": self.latest}
+
+    @classmethod
+    def of_state(cls, state: dict[str, Any]) -> TokenRing:
+        """The ring :meth:`state` described."""
+        ring = cls(state["keep"])
+        ring.files = {rel: set(tokens) for rel, tokens in state["files"].items()}
+        ring.kept = set(state["kept"])
+        ring.latest = state["latest"]
+        return ring
 
 
 def remove(run_dir: Path, rel: str) -> None:

@@ -193,7 +193,7 @@ class ProcessWriter(LayerwatchWriter):
                 "tokens": self.tokens_seen,
                 "tensors": self.tensors_written,
                 "bytes": self.bytes_written,
-                "ring": None if self.ring is None else _ring_state(self.ring),
+                "ring": None if self.ring is None else self.ring.state(),
             },
         }
         try:
@@ -424,20 +424,6 @@ class ProcessWriter(LayerwatchWriter):
         self._close_pipes()
 
 
-def _ring_state(ring: TokenRing) -> dict[str, Any]:
-    """A statistics-first ring as JSON (``capture/keep.py``): it crosses at the hand-over."""
-    files = {rel: sorted(tokens) for rel, tokens in ring.files.items()}
-    return {"keep": ring.keep, "files": files, "kept": sorted(ring.kept), "latest": ring.latest}
-
-
-def _ring_of(state: dict[str, Any]) -> TokenRing:
-    ring = TokenRing(state["keep"])
-    ring.files = {rel: set(tokens) for rel, tokens in state["files"].items()}
-    ring.kept = set(state["kept"])
-    ring.latest = state["latest"]
-    return ring
-
-
 def _as_tensor(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> Any:
     """A host tensor again from its bytes (dtypes numpy cannot hold: imports torch, rarely)."""
     import torch
@@ -499,7 +485,7 @@ def child_main(expected_dir: str) -> None:
     writer.tokens_seen, writer.tensors_written = state["tokens"], state["tensors"]
     writer.bytes_written = state["bytes"]
     if state["ring"] is not None:
-        writer.ring = _ring_of(state["ring"])
+        writer.ring = TokenRing.of_state(state["ring"])
     rebuild = _Rebuilder()
     writer.deferred = rebuild.items(deferred, bytearray())
     _answer(acks, b"ready")
