@@ -107,7 +107,8 @@ class ProcessWriter(LayerwatchWriter):
     """Items (tensors, aliases, tokens) written here before the writer process is started:
     ~26 tokens of a 4-layer Llama (156 a token), 3x ``bench_dump.py`` config b's 9 tokens."""
     wait_for_start = False
-    """Block at the hand-over point until the process is up (tests place the hand-over)."""
+    """Block at the hand-over point until the process is up, whatever the box's load (no
+    spare-core check): tests place the hand-over with it."""
 
     def __init__(
         self, config: DumpConfig, run_dir: Path, topology: dict[str, Any], meta: dict[str, Any]
