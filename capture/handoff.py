@@ -19,25 +19,43 @@ from typing import Any
 class TensorItem:
     """One captured tensor: a private contiguous copy, or an alias of an earlier item.
 
-    No ``__slots__``: the writer-side fields are class defaults, so the model thread sets only
-    the seven fields it knows (this constructor runs for every captured tensor).
+    ``__slots__`` (no instance dict): every captured tensor makes one in the model thread, the
+    writer process makes one again, and each is read field by field by the writer; a slotted
+    item is ~0.2 us cheaper to make and free (measured 0.61 -> 0.38 us with one field set
+    after), on ~80 k items a 512-token tiny-Llama run, in each of those places.
+
+    Fields the model thread knows: ``token``, ``node``, ``stem``, ``tensor`` (the copy: a numpy
+    array for host tensors, bf16/fp8 as same-size integer bits, a tensor on its device
+    otherwise; ``None`` for an alias and once written), ``node_type``, ``alias`` (the earlier
+    item holding the same bytes: an unmodified tensor seen again), ``dtype`` (the captured
+    tensor's torch dtype), ``nbytes``; ``order`` (completion order of ``node`` at ``token``),
+    set by the hooks after. The writer's: ``file``/``begin``/``end`` (where the bytes are),
+    ``stats`` (``(max, min, mean, norm, nan, inf)``, ``capture/stats.py``), ``dtype_name``,
+    ``shape``, ``done`` (its bytes, if any, and statistics are final), ``tail`` (the cached end
+    of its index line, shared by its aliases), ``seq`` (its number in the writer process's
+    stream, ``capture/writer_process.py``, once given).
     """
 
-    order = -1
-    """Completion order of ``node`` at ``token``."""
-    file = ""
-    begin = 0
-    end = 0
-    stats: tuple[float, float, float, float, int, int] | None = None
-    """``(max, min, mean, norm, nan, inf)`` (``capture/stats.py``), set by the writer."""
-    dtype_name = ""
-    shape: list[int] = []  # noqa: RUF012 - replaced per instance by the writer, never mutated
-    done = False
-    """Set by the writer once this item's bytes (if any) and statistics are final."""
-    tail: str | None = None
-    """The writer's cached end of this tensor's index line (shared by its aliases)."""
-    seq = -1
-    """Its number in the writer process's stream (``capture/writer_process.py``), once given."""
+    __slots__ = (
+        "alias",
+        "begin",
+        "done",
+        "dtype",
+        "dtype_name",
+        "end",
+        "file",
+        "nbytes",
+        "node",
+        "node_type",
+        "order",
+        "seq",
+        "shape",
+        "stats",
+        "stem",
+        "tail",
+        "tensor",
+        "token",
+    )
 
     def __init__(
         self,
@@ -53,14 +71,24 @@ class TensorItem:
         self.node = node
         self.stem = stem
         self.tensor = tensor
-        """The copy: a numpy array for host tensors (bf16/fp8 as same-size integer bits), a
-        tensor on its device otherwise; ``None`` for an alias and once written."""
         self.dtype = dtype
-        """The captured tensor's torch dtype."""
         self.node_type = node_type
         self.alias = alias
-        """The earlier item holding the same bytes (an unmodified tensor seen again)."""
         self.nbytes = 0 if tensor is None else tensor.nbytes
+        self.order = -1
+        self.file = ""
+        self.begin = 0
+        self.end = 0
+        self.stats: tuple[float, float, float, float, int, int] | None = None
+        self.dtype_name = ""
+        self.shape: Any = _NO_SHAPE
+        self.done = False
+        self.tail: str | None = None
+        self.seq = -1
+
+
+_NO_SHAPE: list[int] = []
+"""The shape of an item the writer has not described yet (shared, never mutated)."""
 
 
 class Placeholder:
