@@ -580,10 +580,13 @@ class _Rebuilder:
                     by_seq.clear()
                 if npdtype is None:
                     data: Any = Placeholder(shape, name)
+                elif kind == _FRESH:  # one constructor, not frombuffer + reshape (0.6 vs 1.4 us)
+                    data = np.ndarray(shape, npdtype, payload, offset)
+                    offset += data.nbytes
                 else:
                     data = np.frombuffer(payload, npdtype, count, offset)
                     offset += data.nbytes
-                    data = data.reshape(shape) if kind == _FRESH else _as_tensor(data, name, shape)
+                    data = _as_tensor(data, name, shape)
                 it = by_seq.get(seq)
                 if it is None:
                     it = by_seq[seq] = TensorItem(token, node, stem, data, node_type, None, name)
