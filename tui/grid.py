@@ -9,6 +9,7 @@ by whole columns (``validate_scroll_x`` snaps), so a cell is never cut in half.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,7 +19,6 @@ from rich.color import Color as RichColor
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
-from textual.cache import LRUCache
 from textual.filter import ANSIToTruecolor, LineFilter
 from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
@@ -39,6 +39,41 @@ ROW_SLACK = 256
 """The virtual height runs up to this many rows ahead of the newest token: a new token then
 repaints its line instead of re-laying-out the screen (a layout pass per tick cost ~60 ms
 at 200×50 while streaming; bench_tui)."""
+
+
+class StripCache:
+    """The grid's rendered lines, least recently used dropped first, with no reference cycle.
+
+    Textual's ``LRUCache`` links its entries in a ring of lists: every entry a ``clear()``
+    or an eviction drops (a cold repaint drops a screenful: ~50 strips, each with seven
+    small caches, ~1 200 objects) stays alive until a cyclic collection finds it, which made
+    the collector's full collections more frequent and longer, the repaint's p95 tail
+    (bench_scale.py ``--tui``). An ``OrderedDict`` keeps its order in C: dropped strips go
+    at once, by reference counting."""
+
+    __slots__ = ("_lines", "maxsize")
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._lines: OrderedDict[tuple, Strip] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def get(self, key: tuple) -> Strip | None:
+        strip = self._lines.get(key)
+        if strip is not None:
+            self._lines.move_to_end(key)
+        return strip
+
+    def __setitem__(self, key: tuple, strip: Strip) -> None:
+        self._lines[key] = strip
+        self._lines.move_to_end(key)
+        if len(self._lines) > self.maxsize:
+            self._lines.popitem(last=False)
+
+    def clear(self) -> None:
+        self._lines.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +117,7 @@ class LayerGrid(ScrollView, can_focus=True, inherit_bindings=False):
         self.cursor_col = 0
         self.following = True
         """Keep the newest token under the cursor until the user moves."""
-        self._cache: LRUCache[tuple, Strip] = LRUCache(1024)
+        self._cache = StripCache(1024)
         self._cell_styles: list[Style] = []
         self._cell_segments: list[tuple[Segment, Segment]] = []
         self._chrome: dict[str, Style] = {}

@@ -8,6 +8,8 @@ shortcut is checked here against the way it replaces.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from layerwatch.tui.app import LayerwatchApp
 from layerwatch.tui.grid import COLUMN, LayerGrid
@@ -97,3 +99,31 @@ async def test_a_frame_reads_the_screen_cells_in_one_call_and_draws_the_same(
         single = [grid.render_line(y) for y in range(height)]
         assert [_segments(s) for s in framed] == [_segments(s) for s in single]
         assert single[1].text.split()[0].rstrip("!»") == str(scroll[0])
+
+
+async def test_lines_a_cold_repaint_drops_are_freed_without_the_cyclic_collector() -> None:
+    """Emptying the strip cache (a resize, a jump, another metric) and evicting from it
+    leave no strip for the garbage collector: Textual's ``LRUCache`` ring kept every
+    dropped strip alive until a collection, which made full collections the repaint's tail
+    (tui/grid.py ``StripCache``)."""
+    app = _app(Scenario(layers=24, tokens=40), "truecolor")
+    async with app.run_test(size=(90, 16)) as pilot:
+        await pilot.pause()
+        grid = app.screen.query_one(LayerGrid)
+        grid._cache.maxsize = 3  # evictions too, not only clear()
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(3):
+                grid._cache.clear()
+                for y in range(grid.size.height):
+                    grid.render_line(y)
+            assert len(grid._cache) == 3
+            gc.collect()
+            left = [o for o in gc.garbage if isinstance(o, Strip)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert left == []
