@@ -75,12 +75,12 @@ def test_a_unit_queue_gives_each_unit_to_one_process() -> None:
         UnitQueue(UnitQueue.LIMIT + 1)
 
 
-def _slow_in_child(parent: int):
-    """compare_noting_pid, but a forked child takes 20 ms a pair (a process on a busy core)."""
+def _in_child(parent: int, act):
+    """compare_noting_pid, but a forked child first does ``act()`` for each pair."""
 
     def compare(golden, target, thresholds, *, is_logits=False, side_stats=False):
         if os.getpid() != parent:
-            time.sleep(0.02)
+            act()
         return compare_noting_pid(
             golden, target, thresholds, is_logits=is_logits, side_stats=side_stats
         )
@@ -88,32 +88,26 @@ def _slow_in_child(parent: int):
     return compare
 
 
-def _dies_in_child(parent: int):
-    def compare(golden, target, thresholds, *, is_logits=False, side_stats=False):
-        if os.getpid() != parent:
-            os.kill(os.getpid(), 9)
-        return compare_noting_pid(
-            golden, target, thresholds, is_logits=is_logits, side_stats=side_stats
-        )
+def _two_processes(runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch, act) -> tuple:
+    """(work, the runner, its results): the toy's pairs in units of 4 compared by this process
+    and a forked child that does ``act()`` before each pair."""
+    if not can_fork():
+        pytest.skip("fork is used only on Linux with a single thread")
+    from layerwatch.engine.numerics.thresholds import Thresholds
 
-    return compare
+    monkeypatch.setattr(jobs, "UNIT_PAIRS", 4)
+    work = _works(runs["golden"], runs["faulty"])
+    runner = JobRunner(_in_child(os.getpid(), act), Thresholds.default(), jobs=2)
+    runner.MIN_PARALLEL_COST = 0.0
+    return work, runner, runner.run(work)
 
 
 def test_a_slow_child_takes_fewer_units_and_results_stay_the_same(
     toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Static shares waited for the slower process; from a queue it simply takes fewer units."""
-    if not can_fork():
-        pytest.skip("fork is used only on Linux with a single thread")
-    from layerwatch.engine.numerics.thresholds import Thresholds
-
-    monkeypatch.setattr(jobs, "UNIT_PAIRS", 4)
-    work = _works(toy_runs["golden"], toy_runs["faulty"])
-    th = Thresholds.default()
-    one = JobRunner(compare_noting_pid, th, jobs=1).run(work)
-    runner = JobRunner(_slow_in_child(os.getpid()), th, jobs=2)
-    runner.MIN_PARALLEL_COST = 0.0
-    two = runner.run(work)
+    work, runner, two = _two_processes(toy_runs, monkeypatch, lambda: time.sleep(0.02))
+    one = JobRunner(compare_noting_pid, runner.thresholds, jobs=1).run(work)
     assert _key_metrics(two) == _key_metrics(one)
     assert runner.shares_elsewhere == 1 and runner._pool is None  # a forked child, no pool
     by_pid = [sum(r.node_type == pid for r in two) for pid in {r.node_type for r in two}]
@@ -123,15 +117,7 @@ def test_a_slow_child_takes_fewer_units_and_results_stay_the_same(
 def test_a_child_that_dies_fails_only_the_units_it_took(
     toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not can_fork():
-        pytest.skip("fork is used only on Linux with a single thread")
-    from layerwatch.engine.numerics.thresholds import Thresholds
-
-    monkeypatch.setattr(jobs, "UNIT_PAIRS", 4)
-    work = _works(toy_runs["golden"], toy_runs["faulty"])
-    runner = JobRunner(_dies_in_child(os.getpid()), Thresholds.default(), jobs=2)
-    runner.MIN_PARALLEL_COST = 0.0
-    results = runner.run(work)
+    work, _, results = _two_processes(toy_runs, monkeypatch, _die)
     failed = [r for r in results if r.verdict is Verdict.ERROR]
     assert len(results) == len(work) and 1 <= len(failed) <= 4  # its first unit, then it died
     assert all(r.reason.startswith("compare worker failed: ChildProcessError") for r in failed)
