@@ -213,14 +213,18 @@ class JobRunner:
         self._pool: Executor | None = None
         self._pool_failed = False
 
-    def plan(self, work: Sequence[Work]) -> tuple[list[list[int]], list[int]]:
+    def plan(
+        self, work: Sequence[Work], costs: Sequence[float] | None = None
+    ) -> tuple[list[list[int]], list[int]]:
         """(pool tasks, indices compared inline): ``jobs`` shares of about equal estimated
         cost (largest pairs first, each onto the lightest share), the first one inline; or
-        everything inline when there is too little work for the pool to pay."""
+        everything inline when there is too little work for the pool to pay. ``costs``: each
+        pair's :func:`_cost` when the caller has them."""
         everything = list(range(len(work)))
         if self.jobs <= 1 or self._pool_failed:
             return [], everything
-        costs = [_cost(w) for w in work]
+        if costs is None:
+            costs = [_cost(w) for w in work]
         if sum(costs) < self.MIN_PARALLEL_COST:
             return [], everything
         shares: list[list[int]] = [[] for _ in range(self.jobs)]
@@ -236,13 +240,14 @@ class JobRunner:
     ) -> list[PairResult]:
         """Results in the order of ``work``."""
         _load_kernel(work)
+        costs = None
         if self.jobs > 1 and self._pool is None and not self._pool_failed and can_fork():
             costs = [_cost(w) for w in work]
             if sum(costs) >= self.MIN_PARALLEL_COST:
                 shared = self._run_forked(work, costs, progress)
                 if shared is not None:
                     return shared
-        tasks, inline = self.plan(work)
+        tasks, inline = self.plan(work, costs)
         total = len(work)
         results: list[PairResult | None] = [None] * total
         futures: dict[Future[list[PairResult]], list[int]] = {}
