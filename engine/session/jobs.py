@@ -371,6 +371,7 @@ class JobRunner:
                     progress(done, total)
         finally:
             queue.close()
+        died: Exception | None = None
         for child in children:
             try:
                 for u, found in child.result():
@@ -379,12 +380,15 @@ class JobRunner:
                         results[i] = result
                     done += len(units[u])
             except Exception as exc:  # a child died (out of memory...): its units are errors
-                for i, missing in enumerate(results):
-                    if missing is None:
-                        results[i] = _worker_failed(work[i], exc)
-                        done += 1
+                died = died or exc
             if progress is not None:
                 progress(done, total)
+        if died is not None:  # the units no process gave back: the ones the dead child took
+            for i, missing in enumerate(results):
+                if missing is None:
+                    results[i] = _worker_failed(work[i], died)
+            if progress is not None:
+                progress(total, total)
         return [r for r in results if r is not None]
 
     def submit(self, fn: Callable[..., T], *args: object) -> Future[T] | None:
