@@ -1,4 +1,5 @@
-"""One call in a forked child process, its result back through a pipe.
+"""One call in a forked child process, its result back through a pipe; a queue of work units
+that a process and its forked children take from, each as fast as it gets a core.
 
 The cheapest way for a single-threaded process to use a second core: ``fork`` costs a few
 milliseconds, nothing is pickled on the way in (the child has the parent's memory: records,
@@ -13,7 +14,7 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -73,6 +74,52 @@ class Forked(Generic[T]):
                 os.waitpid(self._pid, 0)
             except OSError:
                 pass
+
+
+class UnitQueue:
+    """Unit numbers ``0 .. count-1`` that several processes take from, each unit once.
+
+    A pipe filled and closed for writing before the fork: every read takes one 4-byte number
+    (a pipe read is done under the pipe's lock and the pipe only holds whole numbers, so a
+    number is never split between two readers) and reads end at the pipe's end. Nothing is
+    sent back and forth per unit, so a process on a busy core simply takes fewer units: static
+    shares of estimated cost left the faster process waiting for the slower one.
+    ``reserved`` numbers are left out of the pipe (each process's first unit: every forked
+    child gets one even when the parent would drain the pipe before the child starts)."""
+
+    SIZE = 4
+    LIMIT = 16_384
+    """Units at most: the pipe must take them all before anyone reads (64 KiB on Linux)."""
+
+    def __init__(self, count: int, reserved: int = 0) -> None:
+        if count > self.LIMIT:
+            raise ValueError(f"at most {self.LIMIT} units, not {count}")
+        self._read, write_fd = os.pipe()
+        try:
+            data = b"".join(n.to_bytes(self.SIZE, "little") for n in range(reserved, count))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_fd, view) :]
+        except BaseException:
+            os.close(self._read)
+            raise
+        finally:
+            os.close(write_fd)
+
+    def take(self, first: int | None = None) -> Iterator[int]:
+        """``first`` (a reserved unit), then units from the pipe until it is empty."""
+        if first is not None:
+            yield first
+        while True:
+            data = os.read(self._read, self.SIZE)
+            if not data:
+                return
+            yield int.from_bytes(data, "little")
+
+    def close(self) -> None:
+        if self._read >= 0:
+            os.close(self._read)
+            self._read = -1
 
 
 def _portable(exc: BaseException) -> BaseException:

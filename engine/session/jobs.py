@@ -1,13 +1,18 @@
 """Running pair comparisons: inline, or shared between this process and a process pool.
 
-With ``jobs > 1`` and enough work (:attr:`JobRunner.MIN_PARALLEL_COST` estimated seconds) the
-pairs are cut into ``jobs`` shares of about equal estimated cost: this process compares the
-first share while ``jobs − 1`` workers compare one share each — forked children where fork is
-safe (:mod:`.forked`: nothing pickled on the way in), else a process pool (one task per worker
-keeps its per-task cost, ~0.2 ms, out of the per-pair cost). Results travel back without their
-records (the caller has them). Within a share, small pairs are measured a batch at a time
+With ``jobs > 1`` and enough work (:attr:`JobRunner.MIN_PARALLEL_COST` estimated seconds)
+this process and ``jobs − 1`` others compare the pairs. Where fork is safe (:mod:`.forked`:
+nothing pickled on the way in) the pairs are cut into units — a large pair each, small pairs a
+batch of ``segments.BATCH`` elements — queued largest first (:class:`.forked.UnitQueue`), and
+this process and its forked children each take the next unit when done with the last: a
+process that gets less of a core (a busy box), or has more to do after the run (this one
+stores the results and writes the report), takes fewer units instead of being waited for.
+Elsewhere the pairs are cut into ``jobs`` shares of about equal estimated cost, this process
+comparing the first while a process pool compares one share each (one task per worker keeps
+its per-task cost, ~0.2 ms, out of the per-pair cost). Results travel back without their
+records (the caller has them). Small pairs are measured a batch at a time
 (``compare.compare_pairs``), which gives the same metrics as one at a time, so results never
-depend on ``jobs``.
+depend on ``jobs`` or on which process took which unit.
 
 A pool that cannot start (``ValueError: bad value(s) in fds_to_keep`` while a front end has
 swapped ``sys.stderr``, no ``fork``/``sem_open`` on the platform...) is not an error: the work is
@@ -19,13 +24,13 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.records import PairResult, TensorRecord, Verdict
-from layerwatch.engine.session.forked import Forked, can_fork
+from layerwatch.engine.session.forked import Forked, UnitQueue, can_fork
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
@@ -51,6 +56,10 @@ on the bench dumps: (a) 868 pairs, 490 MB → 0.45 s estimated, 0.47 s measured;
 pairs → 50 ms, 55 ms."""
 FUSED_BYTE_COST = 0.4e-9
 """... per byte once the compiled kernel is loaded (``numerics/fused.py``; (a): 0.2 s)."""
+
+UNIT_PAIRS = 256
+"""Small pairs in one unit at most (~13 ms of work at :data:`SMALL_PAIR_COST`): tiny tensors
+(16 elements) would otherwise make one unit of thousands of pairs, nothing to share."""
 
 T = TypeVar("T")
 CompareFn = Callable[..., PairResult]
@@ -120,6 +129,23 @@ def pool_task(
     return results
 
 
+def take_units(
+    compare: CompareFn,
+    thresholds: object,
+    work: Sequence[Work],
+    units: list[list[int]],
+    queue: UnitQueue,
+    first: int,
+    side_stats: bool = False,
+) -> list[tuple[int, list[PairResult]]]:
+    """A forked child's part of :meth:`JobRunner._run_forked`: unit ``first``, then units from
+    ``queue`` until it is empty; each unit's results without their records."""
+    return [
+        (u, pool_task(compare, thresholds, [work[i] for i in units[u]], side_stats))
+        for u in queue.take(first)
+    ]
+
+
 def rejudge(work: Work, base: PairResult, thresholds: object) -> PairResult:
     """The result for ``work`` from the metrics of a pair over the very same payloads: only the
     verdict is recomputed, since thresholds may differ per node (overrides) and per stem."""
@@ -147,6 +173,11 @@ def rejudge(work: Work, base: PairResult, thresholds: object) -> PairResult:
         golden_stats=base.golden_stats if work.golden.stats is None else None,
         target_stats=base.target_stats if work.target.stats is None else None,
     )
+
+
+def _worker_failed(work: Work, exc: Exception) -> PairResult:
+    """The ERROR result of a pair whose worker died before giving its results back."""
+    return _error(work, f"compare worker failed: {type(exc).__name__}: {exc}".splitlines()[0])
 
 
 def _error(work: Work, message: str) -> PairResult:
@@ -182,14 +213,18 @@ class JobRunner:
         self._pool: Executor | None = None
         self._pool_failed = False
 
-    def plan(self, work: Sequence[Work]) -> tuple[list[list[int]], list[int]]:
+    def plan(
+        self, work: Sequence[Work], costs: Sequence[float] | None = None
+    ) -> tuple[list[list[int]], list[int]]:
         """(pool tasks, indices compared inline): ``jobs`` shares of about equal estimated
         cost (largest pairs first, each onto the lightest share), the first one inline; or
-        everything inline when there is too little work for the pool to pay."""
+        everything inline when there is too little work for the pool to pay. ``costs``: each
+        pair's :func:`_cost` when the caller has them."""
         everything = list(range(len(work)))
         if self.jobs <= 1 or self._pool_failed:
             return [], everything
-        costs = [_cost(w) for w in work]
+        if costs is None:
+            costs = [_cost(w) for w in work]
         if sum(costs) < self.MIN_PARALLEL_COST:
             return [], everything
         shares: list[list[int]] = [[] for _ in range(self.jobs)]
@@ -204,16 +239,21 @@ class JobRunner:
         self, work: Sequence[Work], progress: Callable[[int, int], None] | None = None
     ) -> list[PairResult]:
         """Results in the order of ``work``."""
-        total = len(work)
         _load_kernel(work)
-        tasks, inline = self.plan(work)
+        costs = None
+        if self.jobs > 1 and self._pool is None and not self._pool_failed and can_fork():
+            costs = [_cost(w) for w in work]
+            if sum(costs) >= self.MIN_PARALLEL_COST:
+                shared = self._run_forked(work, costs, progress)
+                if shared is not None:
+                    return shared
+        tasks, inline = self.plan(work, costs)
+        total = len(work)
         results: list[PairResult | None] = [None] * total
-        futures: dict[Future[list[PairResult]] | Forked[list[PairResult]], list[int]] = {}
+        futures: dict[Future[list[PairResult]], list[int]] = {}
         for task in tasks:
             share = [work[i] for i in task]
-            future = self._fork(share) or self.submit(
-                pool_task, self.compare, self.thresholds, share, self.side_stats
-            )
+            future = self.submit(pool_task, self.compare, self.thresholds, share, self.side_stats)
             if future is None:  # no worker: this share is compared here too
                 inline = sorted(inline + task)
             else:
@@ -233,43 +273,123 @@ class JobRunner:
             if progress is not None:
                 progress(done, total)
         if futures:
-            for future, task in self._completed(futures):
+            from concurrent.futures import as_completed
+
+            for future in as_completed(futures):
+                task = futures[future]
                 try:
                     for i, result in zip(task, future.result(), strict=True):
                         result.golden, result.target = work[i].golden, work[i].target
                         results[i] = result
                 except Exception as exc:  # a worker died (out of memory...): report it on the pairs
-                    message = f"compare worker failed: {type(exc).__name__}: {exc}".splitlines()[0]
                     for i in task:
-                        results[i] = _error(work[i], message)
+                        results[i] = _worker_failed(work[i], exc)
                 done += len(task)
                 if progress is not None:
                     progress(done, total)
         return [r for r in results if r is not None]
 
-    def _fork(self, share: list[Work]) -> Forked[list[PairResult]] | None:
-        """A forked child comparing ``share`` (Linux, single-threaded), else ``None``."""
-        if self._pool is not None or not can_fork():
-            return None
-        try:
-            return Forked(pool_task, self.compare, self.thresholds, share, self.side_stats)
-        except OSError:  # no fork (process limit...): the pool or this process does it
-            return None
-
     @staticmethod
-    def _completed(
-        futures: dict[Future[list[PairResult]] | Forked[list[PairResult]], list[int]],
-    ) -> Iterator[tuple[Future[list[PairResult]] | Forked[list[PairResult]], list[int]]]:
-        """(future, its pair indices): pool futures as they complete, forked children in order."""
-        pooled = {f: t for f, t in futures.items() if not isinstance(f, Forked)}
-        for future, task in futures.items():
-            if isinstance(future, Forked):
-                yield future, task
-        if pooled:
-            from concurrent.futures import as_completed
+    def units(work: Sequence[Work], costs: Sequence[float]) -> list[list[int]]:
+        """``work`` cut into units for :meth:`_run_forked`, largest estimated cost first: each
+        large pair alone, small pairs (``segments.SMALL``) in their order, in batches of at most
+        ``segments.BATCH`` elements (what ``compare_pairs`` measures in one go) and
+        :data:`UNIT_PAIRS` pairs; at most ``UnitQueue.LIMIT`` units."""
+        from layerwatch.engine.numerics.segments import BATCH, SMALL
 
-            for future in as_completed(pooled):
-                yield future, pooled[future]
+        units: list[tuple[float, list[int]]] = []
+        batch: list[int] = []
+        held = 0
+        for i, w in enumerate(work):
+            size = math.prod(w.golden.shape) if w.golden.loc is not None else 0
+            if not (0 < size <= SMALL) or w.is_logits:
+                units.append((costs[i], [i]))
+                continue
+            if batch and (held + size > BATCH or len(batch) == UNIT_PAIRS):
+                units.append((sum(costs[j] for j in batch), batch))
+                batch, held = [], 0
+            batch.append(i)
+            held += size
+        if batch:
+            units.append((sum(costs[j] for j in batch), batch))
+        units.sort(key=lambda u: -u[0])  # stable: equal costs keep their order
+        if len(units) > UnitQueue.LIMIT:  # far more units than needed to balance: fewer, bigger
+            per = -(-len(units) // UnitQueue.LIMIT)
+            units = [
+                (0.0, [i for _, unit in units[k : k + per] for i in unit])
+                for k in range(0, len(units), per)
+            ]
+        return [unit for _, unit in units]
+
+    def _run_forked(
+        self,
+        work: Sequence[Work],
+        costs: Sequence[float],
+        progress: Callable[[int, int], None] | None,
+    ) -> list[PairResult] | None:
+        """This process and ``jobs − 1`` forked children take units (:meth:`units`) from one
+        queue until it is empty; ``None`` when no child could be forked (the caller goes on)."""
+        units = self.units(work, costs)
+        if len(units) < 2:
+            return None
+        forks = min(self.jobs, len(units)) - 1
+        queue = UnitQueue(len(units), reserved=forks + 1)  # unit k: process k's first
+        children: list[Forked[list[tuple[int, list[PairResult]]]]] = []
+        mine = [0]  # the reserved units of children that could not be forked are done here
+        try:
+            for k in range(1, forks + 1):
+                try:
+                    children.append(
+                        Forked(
+                            take_units,
+                            self.compare,
+                            self.thresholds,
+                            work,
+                            units,
+                            queue,
+                            k,
+                            self.side_stats,
+                        )
+                    )
+                except OSError:  # no fork (process limit...): its first unit is done here
+                    mine.append(k)
+            if not children:
+                return None
+            self.shares_elsewhere += len(children)
+            total = len(work)
+            results: list[PairResult | None] = [None] * total
+            done = 0
+            for u in [*mine[1:], *queue.take(mine[0])]:
+                part = units[u]
+                found = run_many(
+                    self.compare, self.thresholds, [work[i] for i in part], self.side_stats
+                )
+                for i, result in zip(part, found, strict=True):
+                    results[i] = result
+                done += len(part)
+                if progress is not None:
+                    progress(done, total)
+        finally:
+            queue.close()
+        died: Exception | None = None
+        for child in children:
+            try:
+                for u, found in child.result():
+                    for i, result in zip(units[u], found, strict=True):
+                        result.golden, result.target = work[i].golden, work[i].target
+                        results[i] = result
+                    done += len(units[u])
+            except Exception as exc:  # a child died (out of memory...): its units are errors
+                died = died or exc
+            if progress is not None:
+                progress(done, total)
+        if died is not None:  # the units no process gave back: the ones the dead child took
+            for i, missing in enumerate(results):
+                if missing is None:
+                    results[i] = _worker_failed(work[i], died)
+            if progress is not None:
+                progress(total, total)
+        return [r for r in results if r is not None]
 
     def submit(self, fn: Callable[..., T], *args: object) -> Future[T] | None:
         """``fn(*args)`` in a worker process, or ``None`` when no pool can start (then the

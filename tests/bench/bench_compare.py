@@ -17,8 +17,10 @@ compiled metric kernel (``LAYERWATCH_NO_NUMBA=1``, ``engine/numerics/fused.py``)
 next payloads read in a thread forced on and off, alternating (``LAYERWATCH_PREFETCH=1``/``0``,
 ``engine/readers/prefetch.py``; by default the thread runs only with a spare core). The floor
 is reading every payload of both dumps once (our readers' locators + ``load_array``, in one
-process, no metrics); the whole-process floor does the same in a fresh interpreter (start-up,
-numpy and our readers' imports included: where start-up bounds any Python tool).
+process, no metrics), also read once beside each timed ``--jobs`` run, alternating (a floor read
+under the same load: this box's load drifts by the minute); the whole-process floor does the
+same in a fresh interpreter (start-up, numpy and our readers' imports included: where start-up
+bounds any Python tool).
 Goals: ≥ 20× msit on (a) and (b), ≥ 60 % of the load floor on (a).
 """
 
@@ -256,12 +258,23 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
             c += cpus
     for knob, (w, c) in ahead.items():
         row[f"ahead{knob}_s"], row[f"ahead{knob}_cpu"] = statistics.median(w), statistics.median(c)
-    for jobs in args.jobs:
-        walls, cpus, out = timed([*ours, "--jobs", str(jobs)], env, args.repeat)
+    # each --jobs value alternating with a read of the load floor, so that a box whose load
+    # drifts (other jobs come and go) gives each run a floor read under the same load
+    runs: dict[int, tuple[list[float], list[float], list[float]]] = {
+        j: ([], [], []) for j in args.jobs
+    }
+    for _ in range(args.repeat):
+        for jobs, (w, c, f) in runs.items():
+            f.append(load_floor(golden, target, 1)[0])
+            walls, cpus, out = timed([*ours, "--jobs", str(jobs)], env, 1)
+            w += walls
+            c += cpus
+            row["pairs"] = json.loads(out)["summary"]["pairs"]
+    for jobs, (walls, cpus, floors) in runs.items():
         row[f"ours_j{jobs}_s"] = statistics.median(walls)
         row[f"ours_j{jobs}_min"] = min(walls)
         row[f"ours_j{jobs}_cpu"] = statistics.median(cpus)
-        row["pairs"] = json.loads(out)["summary"]["pairs"]
+        row[f"floor_j{jobs}_s"] = statistics.median(floors)
     with tempfile.TemporaryDirectory() as tmp:
         msit = [
             str(args.msit / "bin" / "msit"),
@@ -333,7 +346,8 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
             f"  layerwatch compare --jobs {j}: {s:.2f} s wall (min {low:.2f}; {cpu:.2f} s CPU) = "
             f"{mb / s:.0f} MB/s, {pairs / s:.0f} pairs/s  → {row['msit_s'] / s:.1f}× msit by "
             f"wall (min/min {row['msit_min'] / low:.1f}×), {row['msit_cpu'] / cpu:.1f}× by CPU; "
-            f"{row['floor_s'] / s:.0%} of the load floor"
+            f"{row['floor_s'] / s:.0%} of the load floor; {row[f'floor_j{j}_s'] / s:.0%} of the "
+            f"floor read alongside each run ({row[f'floor_j{j}_s']:.3f} s)"
         )
     print(
         f"  the same, --jobs 1 without the compiled kernel (LAYERWATCH_NO_NUMBA=1): "

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.records import COSINE, TensorRecord
-from layerwatch.engine.session.forked import Forked, can_fork
-from layerwatch.engine.session.jobs import JobRunner, Work
+from layerwatch.engine.records import COSINE, TensorRecord, Verdict
+from layerwatch.engine.session import jobs
+from layerwatch.engine.session.forked import Forked, UnitQueue, can_fork
+from layerwatch.engine.session.jobs import JobRunner, Work, _cost
 from support.toy_model import ToyRun
 
 
@@ -33,6 +36,93 @@ def test_shares_cover_every_pair_once_balanced_by_cost(toy_runs: dict[str, ToyRu
     assert sorted(i for s in shares for i in s) == list(range(len(work)))
     sizes = [sum(work[i].nbytes for i in s) for s in shares]
     assert max(sizes) < 1.5 * min(sizes)
+
+
+def test_units_cover_every_pair_once_large_alone_largest_first(
+    toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from layerwatch.engine.numerics.segments import SMALL
+
+    work = _works(toy_runs["golden"], toy_runs["faulty"])
+    monkeypatch.setattr(jobs, "UNIT_PAIRS", 8)
+    monkeypatch.setattr("layerwatch.engine.numerics.segments.SMALL", 128)  # some toy pairs large
+    costs = [_cost(w) for w in work]
+    units = JobRunner.units(work, costs)
+    assert sorted(i for u in units for i in u) == list(range(len(work)))
+    for unit in units:
+        sizes = [math.prod(work[i].golden.shape) for i in unit]
+        assert len(unit) == 1 or (len(unit) <= 8 and max(sizes) <= 128 and unit == sorted(unit))
+    assert any(len(u) == 1 and math.prod(work[u[0]].golden.shape) > 128 for u in units)
+    unit_costs = [sum(costs[i] for i in u) for u in units]
+    assert unit_costs == sorted(unit_costs, reverse=True)
+    assert SMALL > 128  # the patch did not leak
+
+
+def test_a_unit_queue_gives_each_unit_to_one_process() -> None:
+    if not can_fork():
+        pytest.skip("fork is used only on Linux with a single thread")
+    queue = UnitQueue(2000, reserved=2)
+    try:
+        child = Forked(lambda: [u for u in queue.take(1) if not time.sleep(0.0001)])
+        mine = [u for u in queue.take(0) if not time.sleep(0.0001)]
+        theirs = child.result()
+    finally:
+        queue.close()
+    assert mine[0] == 0 and theirs[0] == 1  # each process's reserved unit comes first
+    assert len(theirs) > 1 and len(mine) > 1  # both took from the pipe
+    assert sorted(mine + theirs) == list(range(2000))
+    with pytest.raises(ValueError):
+        UnitQueue(UnitQueue.LIMIT + 1)
+
+
+def _in_child(parent: int, act):
+    """compare_noting_pid, but a forked child first does ``act()`` for each pair."""
+
+    def compare(golden, target, thresholds, *, is_logits=False, side_stats=False):
+        if os.getpid() != parent:
+            act()
+        return compare_noting_pid(
+            golden, target, thresholds, is_logits=is_logits, side_stats=side_stats
+        )
+
+    return compare
+
+
+def _two_processes(runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch, act) -> tuple:
+    """(work, the runner, its results): the toy's pairs in units of 4 compared by this process
+    and a forked child that does ``act()`` before each pair."""
+    if not can_fork():
+        pytest.skip("fork is used only on Linux with a single thread")
+    from layerwatch.engine.numerics.thresholds import Thresholds
+
+    monkeypatch.setattr(jobs, "UNIT_PAIRS", 4)
+    work = _works(runs["golden"], runs["faulty"])
+    runner = JobRunner(_in_child(os.getpid(), act), Thresholds.default(), jobs=2)
+    runner.MIN_PARALLEL_COST = 0.0
+    return work, runner, runner.run(work)
+
+
+def test_a_slow_child_takes_fewer_units_and_results_stay_the_same(
+    toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Static shares waited for the slower process; from a queue it simply takes fewer units."""
+    work, runner, two = _two_processes(toy_runs, monkeypatch, lambda: time.sleep(0.02))
+    one = JobRunner(compare_noting_pid, runner.thresholds, jobs=1).run(work)
+    assert _key_metrics(two) == _key_metrics(one)
+    assert runner.shares_elsewhere == 1 and runner._pool is None  # a forked child, no pool
+    by_pid = [sum(r.node_type == pid for r in two) for pid in {r.node_type for r in two}]
+    assert len(by_pid) == 2 and min(by_pid) < len(work) // 4  # static shares: a half each
+
+
+def test_a_child_that_dies_fails_only_the_units_it_took(
+    toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work, _, results = _two_processes(toy_runs, monkeypatch, _die)
+    failed = [r for r in results if r.verdict is Verdict.ERROR]
+    assert len(results) == len(work) and 1 <= len(failed) <= 4  # its first unit, then it died
+    assert all(r.reason.startswith("compare worker failed: ChildProcessError") for r in failed)
+    assert all(r.golden is w.golden for r, w in zip(results, work, strict=True))
+    assert all(r.verdict is not Verdict.ERROR for r in results if r not in failed)
 
 
 def _key_metrics(results: list) -> list[tuple[object, ...]]:
