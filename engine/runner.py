@@ -186,7 +186,7 @@ def _chunked(
     sizes: dict[str, tuple[int, int]] = {}
     for side, reader in readers.items():
         if reader.fmt == "layerwatch":
-            scan = reader.scan_index()
+            scan = reader.scan_index(getattr(args, "nodes", None))
             if scan.cases or (scan.drops and any(r.fmt != "layerwatch" for r in readers.values())):
                 return None  # a drop line is known up front only from the index's columns
             sizes[side] = (scan.tensors, scan.tokens)
