@@ -81,6 +81,8 @@ class IndexScan:
     tokens: int = 0
     cases: int = 0
     drops: int = 0
+    rows: int = 0
+    """Tensor lines kept a row each (an index out of token order); 0 when folded per token."""
 
     def add(self, lines: bytes) -> None:
         self.tensors += lines.count(b'"k":"t"')
@@ -206,6 +208,7 @@ class LayerwatchReader(DirectoryReader):
                 continue
             side = _Rank(state.path, state.rank, files=state.files)
             table.scan.tensors += cols.scanned
+            table.scan.rows += len(cols.token)
             for offset, line in cols.extra:
                 table.scan.add(line)
                 if line.startswith(b'{"k":"drop"'):
