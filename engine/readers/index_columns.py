@@ -114,20 +114,9 @@ class IndexColumns:
     def token_spans(self) -> TokenSpans | None:
         """Per token, the byte range of its lines, when the index is in token order (else
         None): all a windowed compare needs to keep of an index it reads whole tokens of."""
-        if self.rows_in_token_order() is not None:
-            return None
-        tok = self.token
-        cut = np.flatnonzero(tok[1:] != tok[:-1]) + 1
-        first = np.concatenate([[0], cut]).astype(np.int64)
-        last = np.concatenate([cut, [len(tok)]]).astype(np.int64) - 1
-        if not len(tok):
-            first = last = np.zeros(0, np.int64)
-        return TokenSpans(
-            tok[first].astype(np.int64),
-            self.offset[first],
-            self.offset[last] + self.length[last],
-            last - first + 1,
-        )
+        fold = _SpanFold(None)
+        fold.add((self.token, self.node, self.stem, self.offset, self.length))
+        return fold.spans(None) if fold.ordered else None
 
     def keep_nodes(self, pattern: str, table: NameTable) -> IndexColumns:
         """``--nodes GLOB`` on the columns: rows of other nodes are never built."""
