@@ -25,8 +25,8 @@ from layerwatch.capture.errors import LayerwatchError
 
 PAIR_BYTES = 16
 """A pair in a windowed compare of two layerwatch indexes in token order, folded per token: no
-array a tensor line (peak RSS grew ~3 B a pair from 100 k to 1 M pairs, the tokens' tables
-included), with room to spare."""
+array a tensor line (peak RSS grew ~3 B a pair from 100 k to 1 M pairs and ~4.7 B from 1 M to
+4 M, the tokens' tables included: README), with room to spare."""
 ROW_PAIR_BYTES = 128
 """A pair in a windowed compare whose index is kept a row a tensor line (out of token order:
 24 B a line a side, engine/readers/index_columns.py, and the copy that joins its blocks; peak
