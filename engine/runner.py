@@ -184,12 +184,14 @@ def _chunked(
     if not all(r.fmt in ("layerwatch", "msit", "atb", "msprobe") for r in readers.values()):
         return None
     sizes: dict[str, tuple[int, int]] = {}
+    rows = 0  # tensor lines kept a row each; 0: both indexes folded per token (scan_file)
     for side, reader in readers.items():
         if reader.fmt == "layerwatch":
-            scan = reader.scan_index()
+            scan = reader.scan_index(getattr(args, "nodes", None))
             if scan.cases or (scan.drops and any(r.fmt != "layerwatch" for r in readers.values())):
                 return None  # a drop line is known up front only from the index's columns
             sizes[side] = (scan.tensors, scan.tokens)
+            rows += scan.rows
         elif reader.fmt in ("msit", "atb"):
             sizes[side] = reader.count_tensors()
         elif side == "golden":  # msprobe: its first token counted, scaled by its files' size
@@ -198,7 +200,8 @@ def _chunked(
     share = 1.0
     if tokens is not None and count:
         share = sum(t in tokens for t in range(count)) / count
-    return Estimate(int(n * share), count or 1, windowed=True), dict(readers)
+    folded = not rows and all(r.fmt == "layerwatch" for r in readers.values())
+    return Estimate(int(n * share), count or 1, windowed=True, folded=folded), dict(readers)
 
 
 def _case_tables(

@@ -91,9 +91,18 @@ class IndexColumns:
     size: int
     """Bytes scanned (whole lines); a cut-short last line after them is ``torn``."""
     torn: bool = False
+    spans: TokenSpans | None = None
+    """Set by ``scan_file(per_token=True)``: the index kept per token, with no row a tensor."""
+    lines: int = -1
+    """Tensor lines scanned, of every node (-1: ``len`` of the rows)."""
 
     def __len__(self) -> int:
-        return len(self.token)
+        return len(self.token) if self.spans is None else int(self.spans.count.sum())
+
+    @property
+    def scanned(self) -> int:
+        """Tensor lines in the index, before any ``--nodes`` filter."""
+        return len(self.token) if self.lines < 0 else self.lines
 
     def rows_in_token_order(self) -> np.ndarray | None:
         """Row numbers sorted by token, index order within a token (stable); None when the
@@ -105,25 +114,13 @@ class IndexColumns:
     def token_spans(self) -> TokenSpans | None:
         """Per token, the byte range of its lines, when the index is in token order (else
         None): all a windowed compare needs to keep of an index it reads whole tokens of."""
-        if self.rows_in_token_order() is not None:
-            return None
-        tok = self.token
-        cut = np.flatnonzero(tok[1:] != tok[:-1]) + 1
-        first = np.concatenate([[0], cut]).astype(np.int64)
-        last = np.concatenate([cut, [len(tok)]]).astype(np.int64) - 1
-        if not len(tok):
-            first = last = np.zeros(0, np.int64)
-        return TokenSpans(
-            tok[first].astype(np.int64),
-            self.offset[first],
-            self.offset[last] + self.length[last],
-            last - first + 1,
-        )
+        fold = _SpanFold(None)
+        fold.add((self.token, self.node, self.stem, self.offset, self.length))
+        return fold.spans(None) if fold.ordered else None
 
     def keep_nodes(self, pattern: str, table: NameTable) -> IndexColumns:
         """``--nodes GLOB`` on the columns: rows of other nodes are never built."""
-        match = np.array([fnmatchcase(n, pattern) for n in table.names] or [False])
-        return self.keep_rows(match[self.node] if len(self.node) else np.zeros(0, bool))
+        return self.keep_rows(NodeMatch(pattern, table)(self.node))
 
     def keep_rows(self, keep: np.ndarray) -> IndexColumns:
         """These rows only (a mask or row numbers)."""
@@ -136,6 +133,7 @@ class IndexColumns:
             self.extra,
             self.size,
             self.torn,
+            lines=self.scanned,
         )
 
 
@@ -149,6 +147,76 @@ class TokenSpans:
     end: np.ndarray
     count: np.ndarray
     """Tensor lines of the token."""
+    nodes: str | None = None
+    """The ``--nodes`` glob the spans were folded under: only matching lines counted and
+    spanned, and a window's lines are scanned again to keep only theirs (``lines_in``)."""
+
+
+class NodeMatch:
+    """``--nodes GLOB`` over a growing :class:`NameTable`: a name id's match, computed once."""
+
+    def __init__(self, pattern: str, table: NameTable) -> None:
+        self.pattern = pattern
+        self.table = table
+        self._known = np.zeros(0, bool)
+
+    def __call__(self, node: np.ndarray) -> np.ndarray:
+        names = self.table.names
+        if len(self._known) < len(names):
+            more = [fnmatchcase(n, self.pattern) for n in names[len(self._known) :]]
+            self._known = np.concatenate([self._known, np.array(more, bool)])
+        return self._known[node] if len(node) else np.zeros(0, bool)
+
+
+class _SpanFold:
+    """An index folded block by block into :class:`TokenSpans` (rows in offset order): per
+    token its first line's offset, its last line's end and its line count; ``ordered`` turns
+    False at the first token lower than one before it (the rows are gone: scan again)."""
+
+    def __init__(self, match: NodeMatch | None) -> None:
+        self.match = match
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.last = -1
+        self.lines = 0
+        self.ordered = True
+
+    def add(self, cols: tuple[np.ndarray, ...]) -> bool:
+        token, node, _, offset, length = cols
+        self.lines += len(token)
+        if len(offset) > 1 and not bool(np.all(offset[1:] > offset[:-1])):
+            order = np.argsort(offset, kind="stable")  # JSON fall-back rows, put in place
+            token, node, offset, length = token[order], node[order], offset[order], length[order]
+        if self.match is not None:
+            keep = self.match(node)
+            token, offset, length = token[keep], offset[keep], length[keep]
+        if not len(token):
+            return True
+        if int(token[0]) < self.last or bool(np.any(token[1:] < token[:-1])):
+            self.ordered = False
+            return False
+        cut = np.flatnonzero(token[1:] != token[:-1]) + 1
+        first = np.concatenate([[0], cut])
+        last = np.concatenate([cut, [len(token)]]) - 1
+        self.parts.append(
+            (token[first].astype(np.int64), offset[first].astype(np.int64),
+             (offset[last] + length[last]).astype(np.int64), (last - first + 1).astype(np.int64))
+        )  # fmt: skip
+        self.last = int(token[-1])
+        return True
+
+    def spans(self, nodes: str | None) -> TokenSpans:
+        """The folded spans, a token's runs from consecutive blocks joined."""
+        if not self.parts:
+            empty = np.zeros(0, np.int64)
+            return TokenSpans(empty, empty, empty, empty, nodes)
+        token, begin, end, count = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        new = np.ones(len(token), bool)
+        new[1:] = token[1:] != token[:-1]
+        starts = np.flatnonzero(new)
+        stops = np.concatenate([starts[1:], [len(token)]]) - 1
+        return TokenSpans(
+            token[starts], begin[starts], end[stops], np.add.reduceat(count, starts), nodes
+        )
 
 
 def tensor_lines(data: bytes, base: int) -> tuple[list[bytes], list[int]]:
@@ -166,13 +234,39 @@ def tensor_lines(data: bytes, base: int) -> tuple[list[bytes], list[int]]:
 
 
 def scan_file(
-    path: str | os.PathLike[str], table: NameTable, threads: int | None = None
+    path: str | os.PathLike[str],
+    table: NameTable,
+    threads: int | None = None,
+    *,
+    per_token: bool = False,
+    nodes: str | None = None,
 ) -> IndexColumns:
     """Scan a whole index file (``OSError`` when it cannot be read). Blocks are scanned by
-    ``threads`` workers (numpy releases the GIL); names are given ids in index order."""
+    ``threads`` workers (numpy releases the GIL); names are given ids in index order.
+
+    ``per_token``: each block is folded into per-token byte ranges and counts as it is scanned
+    (``spans``; of the lines of nodes matching ``nodes`` only) and no row a tensor is kept, so
+    opening costs O(tokens), not 24 B a tensor line; an index out of token order (its rows
+    needed to sort it) is scanned again as rows, ``nodes`` applied to them."""
+    fold = _SpanFold(NodeMatch(nodes, table) if nodes else None) if per_token else None
+    cols = _scan(path, table, threads or THREADS, fold)
+    if fold is None:
+        return cols
+    if fold.ordered:
+        cols.spans = fold.spans(nodes)
+        cols.lines = fold.lines
+        return cols
+    cols = _scan(path, table, threads or THREADS, None)
+    return cols.keep_nodes(nodes, table) if nodes else cols
+
+
+def _scan(
+    path: str | os.PathLike[str], table: NameTable, threads: int, fold: _SpanFold | None
+) -> IndexColumns:
+    """``scan_file``'s pass: rows kept, or folded into ``fold`` (stopped early when it finds
+    the index out of token order)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    threads = threads or THREADS
     parts: list[tuple[np.ndarray, ...]] = []
     extra: list[tuple[int, bytes]] = []
     size = 0
@@ -193,10 +287,12 @@ def scan_file(
                 size += cut
             while len(pending) > threads:
                 base, job = pending.popleft()
-                parts.append(_name_rows(job.result(), base, table, extra))
+                _keep(_name_rows(job.result(), base, table, extra), parts, fold)
+            if fold is not None and not fold.ordered:
+                break
         while pending:
             base, job = pending.popleft()
-            parts.append(_name_rows(job.result(), base, table, extra))
+            _keep(_name_rows(job.result(), base, table, extra), parts, fold)
     torn = bool(bytes(carry).strip())
     if not parts:
         empty = np.zeros(0, np.int64)
@@ -210,6 +306,35 @@ def scan_file(
     if len(token) and int(token.min()) >= 0 and int(token.max()) < 2**31:
         token = token.astype(np.int32)  # 4 bytes a tensor less, for the whole compare
     return IndexColumns(token, node, stem, offset, length, extra, size, torn)
+
+
+def _keep(cols: tuple[np.ndarray, ...], parts: list[tuple[np.ndarray, ...]],
+          fold: _SpanFold | None) -> None:  # fmt: skip
+    """A block's rows kept, or folded (not once the fold found the index out of order)."""
+    if fold is None:
+        parts.append(cols)
+    elif fold.ordered:
+        fold.add(cols)
+
+
+def lines_in(data: bytes, base: int, table: NameTable, match: NodeMatch, low: int,
+             high: int) -> tuple[list[bytes], list[int]]:  # fmt: skip
+    """The tensor lines of tokens ``low..high`` of nodes ``match`` takes in ``data`` (whole
+    lines at byte ``base`` of the index) and their offsets, in index order: the rows a
+    ``--nodes`` column table keeps (``keep_nodes``), found by scanning a window's bytes again."""
+    block = np.zeros(len(data) + 1 + _PAD, np.uint8)
+    block[: len(data)] = np.frombuffer(data, np.uint8)
+    block[len(data)] = 10
+    token, node, _, offset, length = _name_rows(
+        _scan_vectors(block, len(data) + 1), base, table, []
+    )
+    keep = match(node) & (token >= low) & (token <= high)
+    offset, length = offset[keep], length[keep]
+    order = np.argsort(offset, kind="stable")
+    at = offset[order].tolist()
+    return [
+        data[o - base : o - base + n] for o, n in zip(at, length[order].tolist(), strict=True)
+    ], at
 
 
 def _after_last_newline(buf: np.ndarray, low: int, high: int) -> int:

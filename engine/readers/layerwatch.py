@@ -29,8 +29,10 @@ from layerwatch.engine.readers.base import (
 from layerwatch.engine.readers.index_columns import (
     IndexColumns,
     NameTable,
+    NodeMatch,
     TokenSpans,
     iter_lines,
+    lines_in,
     scan_file,
     tensor_lines,
 )
@@ -79,6 +81,8 @@ class IndexScan:
     tokens: int = 0
     cases: int = 0
     drops: int = 0
+    rows: int = 0
+    """Tensor lines kept a row each (an index out of token order); 0 when folded per token."""
 
     def add(self, lines: bytes) -> None:
         self.tensors += lines.count(b'"k":"t"')
@@ -150,11 +154,12 @@ class LayerwatchReader(DirectoryReader):
             for old in [t for t in state.seen if t < token]:
                 del state.seen[old]
 
-    def scan_index(self) -> IndexScan:
+    def scan_index(self, nodes: str | None = None) -> IndexScan:
         """Count what the indexes hold: how big a compare will be, and whether it needs every
         record at once (cases, dropped files). Opens the column table to count (as fast as
-        counting the bytes) and keeps it for the next :meth:`open_columns`."""
-        self._opened = self.open_columns()
+        counting the bytes) and keeps it for the next :meth:`open_columns`: per token (an index
+        in token order keeps no row a tensor), ``nodes`` (``--nodes``) applied."""
+        self._opened = self.open_columns(per_token=True, nodes=nodes)
         return self._opened.scan
 
     def has_case_lines(self) -> bool:
@@ -173,16 +178,19 @@ class LayerwatchReader(DirectoryReader):
                 continue
         return False
 
-    def open_columns(self) -> IndexTable:
+    def open_columns(self, *, per_token: bool = False, nodes: str | None = None) -> IndexTable:
         """Every rank's finished index as columns (``index_columns.py``): token, node and stem
         of each tensor line and where the line is, scanned without decoding it; the other lines
         (token ids, weights, cases, drops, end, errors) decoded now, in index order. Records
         are built later, a window of tokens at a time (:meth:`IndexTable.records`). The poll
-        cursor does not move: this is for finished dumps, ``poll`` for growing ones."""
+        cursor does not move: this is for finished dumps, ``poll`` for growing ones.
+        ``per_token``: a rank in token order is kept as its tokens' byte ranges from the start
+        (``scan_file``), an index out of order as rows; ``nodes``: only those nodes' lines
+        (:meth:`IndexTable.only_nodes`)."""
         if self._opened is not None:  # opened by scan_index
             table, self._opened = self._opened, None
             return table
-        table = IndexTable(self, NameTable())
+        table = IndexTable(self, NameTable(), nodes=nodes, _filtered=bool(nodes))
         for state in self._discover():
             topo = ReaderUpdate()
             self._read_topology(_Rank(state.path, state.rank), topo)
@@ -190,14 +198,17 @@ class LayerwatchReader(DirectoryReader):
             table.head.notes.extend(topo.notes)
             index = state.path / lwf.INDEX
             try:
-                cols = scan_file(index, table.names)
+                cols = scan_file(index, table.names, per_token=per_token, nodes=nodes)
+                if nodes and not per_token:
+                    cols = cols.keep_nodes(nodes, table.names)
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 table.head.notes.append(f"{index}: cannot read: {exc.strerror}")
                 continue
             side = _Rank(state.path, state.rank, files=state.files)
-            table.scan.tensors += len(cols)
+            table.scan.tensors += cols.scanned
+            table.scan.rows += len(cols.token)
             for offset, line in cols.extra:
                 table.scan.add(line)
                 if line.startswith(b'{"k":"drop"'):
@@ -453,8 +464,11 @@ class IndexTable:
     """Line counts by kind (``LayerwatchReader.scan_index``)."""
     spans: list[TokenSpans | None] = field(default_factory=list)
     """Per rank, after :meth:`compact`: its tokens' byte ranges (its columns dropped)."""
+    nodes: str | None = None
+    """The ``--nodes`` glob applied (:meth:`only_nodes`)."""
     _sorted: list[tuple[np.ndarray | None, np.ndarray]] | None = None
     _filtered: bool = False
+    _match: NodeMatch | None = None
 
     @property
     def tensors(self) -> int:
@@ -464,10 +478,11 @@ class IndexTable:
         )
 
     def _spans(self) -> list[TokenSpans | None]:
-        return self.spans or [None] * len(self.ranks)
+        """Per rank its spans: from :meth:`compact`, or opened per token (``per_token``)."""
+        return self.spans or [cols.spans for _, cols in self.ranks]
 
     def tokens(self) -> np.ndarray:
-        """Every tensor line's token (all ranks; before :meth:`compact`)."""
+        """Every tensor line's token (all ranks kept as rows; before :meth:`compact`)."""
         parts = [cols.token for _, cols in self.ranks]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
@@ -492,7 +507,9 @@ class IndexTable:
         (a windowed compare reads whole tokens; ~0 bytes a tensor while it runs)."""
         if self.spans or self._filtered:
             return self
-        self.spans = [cols.token_spans() for _, cols in self.ranks]
+        self.spans = [
+            cols.token_spans() if cols.spans is None else cols.spans for _, cols in self.ranks
+        ]
         self.ranks = [
             (state, cols if sp is None else cols.keep_rows(np.zeros(0, np.int64)))
             for (state, cols), sp in zip(self.ranks, self.spans, strict=True)
@@ -502,10 +519,13 @@ class IndexTable:
 
     def only_nodes(self, pattern: str) -> IndexTable:
         """``--nodes GLOB``: keep the tensor lines of matching nodes (their records are the
-        only ones ever built)."""
-        if self.spans:
+        only ones ever built). Opened with ``nodes`` (``scan_index``), the same glob is a no-op."""
+        if pattern == self.nodes:
+            return self
+        if any(sp is not None for sp in self._spans()):
             raise ValueError("only_nodes after compact: the rows are gone")
         self.ranks = [(s, cols.keep_nodes(pattern, self.names)) for s, cols in self.ranks]
+        self.nodes = pattern
         self._sorted = None
         self._filtered = True  # a token's lines are no longer all its rows: never compact
         return self
@@ -553,7 +573,12 @@ class IndexTable:
         with open(state.path / lwf.INDEX, "rb") as fh:
             fh.seek(begin)
             data = fh.read(end - begin)
-        lines, at = tensor_lines(data, begin)
+        if sp.nodes is None:
+            lines, at = tensor_lines(data, begin)
+        else:  # folded under --nodes: the window's lines scanned again, theirs kept
+            if self._match is None or self._match.pattern != sp.nodes:
+                self._match = NodeMatch(sp.nodes, self.names)
+            lines, at = lines_in(data, begin, self.names, self._match, low, high)
         side = _Rank(state.path, state.rank, files=state.files)
         self.reader._decode(side, lines, update, _at_bytes(at))
 

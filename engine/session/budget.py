@@ -3,9 +3,10 @@
 A compare that does not fit must end in one line naming the filters that make it fit, not in a
 process the kernel kills an hour in. Bytes are this repository's measured figures
 (tests/bench/bench_scale.py) rounded up: a windowed compare (engine/session/windowed.py) keeps
-one window, ``TOKEN_BYTES`` a token and ``PAIR_BYTES`` a pair (the index's columns and string
-tables, not a result: its pairs are in the report once judged), a whole-run session
-``SESSION_BYTES`` a pair.
+one window, ``TOKEN_BYTES`` a token and ``PAIR_BYTES`` a pair when both layerwatch indexes were
+folded per token as they were scanned (engine/readers/index_columns.py ``scan_file``), else
+``ROW_PAIR_BYTES`` (an index kept a row a tensor line; other formats' windows) — never a result:
+its pairs are in the report once judged; a whole-run session ``SESSION_BYTES`` a pair.
 
 The live session (``open``, ``watch``, ``run``, the TUI) keeps every settled pair in a result
 store that spills its full chunks to disk (engine/session/settled.py, :func:`live_spill`);
@@ -22,10 +23,14 @@ from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
 
-PAIR_BYTES = 128
-"""A pair in a windowed compare: both sides' index columns (24 B a tensor line each,
-engine/readers/index_columns.py), string tables and the allocators' slack, with room to spare
-(peak RSS grew ~70 B a pair from 100 k to 1 M pairs)."""
+PAIR_BYTES = 16
+"""A pair in a windowed compare of two layerwatch indexes in token order, folded per token: no
+array a tensor line (peak RSS grew ~3 B a pair from 100 k to 1 M pairs and ~4.7 B from 1 M to
+4 M, the tokens' tables included: README), with room to spare."""
+ROW_PAIR_BYTES = 128
+"""A pair in a windowed compare whose index is kept a row a tensor line (out of token order:
+24 B a line a side, engine/readers/index_columns.py, and the copy that joins its blocks; peak
+RSS grew ~84 B a pair so), and in msit, ATB and msprobe windows."""
 SESSION_BYTES = 6_000
 """A pair held by a whole-run CompareSession: both records, raw and reported result (~5.4 KB)."""
 WINDOW_BYTES = 160 << 20
@@ -89,10 +94,14 @@ class Estimate:
     pairs: int
     tokens: int
     windowed: bool
+    folded: bool = False
+    """Both indexes kept per token, not a row a tensor line (``IndexScan.rows`` 0)."""
 
     @property
     def per_pair(self) -> int:
-        return PAIR_BYTES if self.windowed else SESSION_BYTES
+        if not self.windowed:
+            return SESSION_BYTES
+        return PAIR_BYTES if self.folded else ROW_PAIR_BYTES
 
     @property
     def per_token(self) -> float:
@@ -104,7 +113,7 @@ class Estimate:
     def nbytes(self) -> int:
         if not self.windowed:
             return self.pairs * SESSION_BYTES
-        return self.pairs * PAIR_BYTES + self.tokens * TOKEN_BYTES + WINDOW_BYTES
+        return self.pairs * self.per_pair + self.tokens * TOKEN_BYTES + WINDOW_BYTES
 
     def tokens_that_fit(self, budget: int) -> int:
         """How many tokens (of about equal size) fit in ``budget`` bytes."""

@@ -5,6 +5,7 @@ non-ASCII names, corrupt and cut-short lines, lines longer than a scan block).""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,23 @@ def _same_as_poll(run: Path) -> None:
     tokens, _ = spans.token_counts()
     again, more = spans.records(int(tokens.min()), int(tokens.max())) if len(tokens) else ([], [])
     assert repr(again) == repr(built) and set(notes) <= set(more) <= set(notes + table.head.notes)
+    folded = open_dump(run).open_columns(per_token=True)  # folded as scanned (scan_index's way)
+    assert folded.tensors == table.tensors
+    assert folded.scan == replace(table.scan, rows=sum(len(c.token) for _, c in folded.ranks))
+    for (_, cols), sp in zip(folded.ranks, spans.spans, strict=True):
+        assert (cols.spans is None) == (sp is None)  # out of order: scanned again as rows
+        if sp is not None:
+            assert len(cols.token) == 0 and _same_spans(cols.spans, sp)
+    assert folded.token_counts()[0].tolist() == tokens.tolist()
+    low, high = (int(tokens.min()), int(tokens.max())) if len(tokens) else (0, 0)
+    once, more = folded.records(low, high) if len(tokens) else ([], [])
+    assert repr(once) == repr(built) and set(notes) <= set(more) <= set(notes + table.head.notes)
+
+
+def _same_spans(a: object, b: object) -> bool:
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f)) for f in ("token", "begin", "end", "count")
+    )
 
 
 def test_columns_hold_what_poll_reads(hand_dump: HandDump) -> None:
@@ -169,3 +187,54 @@ def test_a_hash_collision_is_caught_and_the_bytes_decide(
     got = [(table.names[n], table.names[s]) for n, s in zip(cols.node, cols.stem, strict=True)]
     assert got == [(n, s) for _ in range(3) for n in ("root.a", "root.b", "root.ab")
                    for s in ("output", "input_0")]  # fmt: skip
+
+
+def _bench_dump(rank_dir: Path, tokens: int, *, late: int | None = None) -> Path:
+    """A bench_scale dump (9 ops × 2 stems a layer); ``late``: that token's lines moved after
+    the next token's (an index out of token order)."""
+    from bench.bench_scale import write_dump
+
+    write_dump(rank_dir, tokens, 72, noise=0.0, seed=1)
+    if late is not None:
+        index = rank_dir / lwf.INDEX
+        lines = index.read_text().splitlines(keepends=True)
+        moved = [line for line in lines if line.startswith(f'{{"k":"t","token":{late},')]
+        rest = [line for line in lines if line not in moved]
+        at = max(i for i, x in enumerate(rest) if x.startswith(f'{{"k":"t","token":{late + 1},'))
+        index.write_text("".join(rest[: at + 1] + moved + rest[at + 1 :]))
+    return rank_dir
+
+
+@pytest.mark.parametrize("nodes", [None, "*.mlp.*", "*layers.1.*", "nothing*"])
+def test_an_index_folded_per_token_keeps_no_row_and_builds_the_rows_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: str | None
+) -> None:
+    """What ``compare`` opens (``scan_index``: per token, ``--nodes`` counted at the scan) holds
+    no array a tensor line for an index in token order — spans and counts across many scan
+    blocks, a token's lines cut by a block edge — and builds, for any token range, the records
+    the row columns build; an index out of token order is scanned again as rows."""
+    monkeypatch.setattr(index_columns, "BLOCK_BYTES", 4096)  # a token spans ~8 blocks
+    for late in (None, 3):
+        run = _bench_dump(tmp_path / f"late{late}" / "cpu_1", 12, late=late)
+        rows = open_dump(run).open_columns()
+        rows = rows.only_nodes(nodes) if nodes else rows
+        reader = open_dump(run)
+        scan = reader.scan_index(nodes)
+        folded = reader.open_columns()  # the table scan_index opened
+        assert scan.tensors == 12 * 72 == folded.scan.tensors == rows.scan.tensors
+        (_, cols), (_, want) = folded.ranks[0], rows.ranks[0]
+        assert scan.rows == len(cols.token)  # what the memory estimate reads (budget.py)
+        if late is None or nodes == "nothing*":  # no line kept: none out of order
+            assert cols.spans is not None and len(cols.spans.token) <= 12
+            assert all(
+                len(getattr(cols, f)) == 0 for f in ("token", "node", "stem", "offset", "length")
+            )
+        else:
+            assert cols.spans is None and cols.token.tolist() == want.token.tolist()
+        assert folded.tensors == rows.tensors
+        for got, expect in zip(folded.token_counts(), rows.token_counts(), strict=True):
+            assert got.tolist() == expect.tolist()
+        if nodes:
+            assert folded.only_nodes(nodes) is folded  # applied at the scan
+        for low, high in ((0, 11), (2, 4), (3, 3), (11, 40)):
+            assert repr(folded.records(low, high)) == repr(rows.records(low, high))

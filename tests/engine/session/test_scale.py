@@ -110,16 +110,17 @@ def test_the_store_gives_back_each_row_and_pair(tmp_path: Path) -> None:
 
 
 def test_a_compare_too_big_for_memory_is_one_line_naming_the_filters(tmp_path: Path) -> None:
-    """A quarter MB beside the window: the tokens whose columns and tables fit in it."""
+    """64 KB beside the window: the tokens whose tables fit in it (both indexes in token order:
+    folded per token, ``PAIR_BYTES`` a pair)."""
     golden, target = _dumps(tmp_path, 20, 400)
     small = subprocess.run(
-        [*CLI, "compare", str(golden), str(target), "--max-memory", "160.25M"],
+        [*CLI, "compare", str(golden), str(target), "--max-memory", "160.0625M"],
         capture_output=True,
         text=True,
     )
     assert small.returncode == 2, small.stderr
     line = small.stderr.strip()
-    fit = (1 << 18) // (400 * PAIR_BYTES + TOKEN_BYTES)  # 4
+    fit = (1 << 16) // (400 * PAIR_BYTES + TOKEN_BYTES)  # 7
     assert "\n" not in line and "8 000 pairs" in line and f"--tokens 0-{fit - 1} fits" in line, line
     assert "--nodes" in line
     fits = subprocess.run(
@@ -166,15 +167,15 @@ def test_a_compare_stopped_part_way_keeps_its_rows_marked_incomplete(tmp_path: P
 
 def test_memory_a_pair_stays_within_the_budget_of_the_estimate(tmp_path: Path) -> None:
     """CI smoke of tests/bench/bench_scale.py: ~50 k pairs, peak RSS above start-up within what
-    the memory check assumes (engine/session/budget.py: the window, token tables and index
-    columns; no store of the pairs), far below a whole-run session's 5 KB a pair. Bytes, never
+    the memory check assumes (engine/session/budget.py: the window, token tables and both
+    indexes folded per token; no store of the pairs), far below a whole-run session's 5 KB a pair. Bytes, never
     seconds: CI machines are shared."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     got = measure(tmp_path, 50_000, tensors=1000)
     assert got["pairs"] >= 45_000
     pairs = int(got["pairs"])
     above = got["bytes_per_pair"] * pairs
-    assert above <= Estimate(pairs, pairs // 1000, windowed=True).nbytes, got
+    assert above <= Estimate(pairs, pairs // 1000, windowed=True, folded=True).nbytes, got
     assert got["bytes_per_pair"] < 2_500, got  # a whole-run session: ~5 400
 
 

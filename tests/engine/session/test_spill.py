@@ -164,7 +164,7 @@ def test_a_windowed_compare_is_refused_only_when_its_window_and_tables_do_not_fi
     big = budget.Estimate(8_000_000, 4_000, windowed=True)
     budget.check(big, 2 << 30)  # 160 MB of window, 1 GB of columns, 8 MB of token tables
     assert big.nbytes < 2 << 30 < 8_000_000 * 256 + budget.WINDOW_BYTES
-    per_token = 2_000 * budget.PAIR_BYTES + budget.TOKEN_BYTES
+    per_token = 2_000 * budget.ROW_PAIR_BYTES + budget.TOKEN_BYTES
     fit = (200 << 20) - budget.WINDOW_BYTES
     with pytest.raises(budget.LayerwatchError, match=f"--tokens 0-{fit // per_token - 1} fits"):
         budget.check(big, 200 << 20)
