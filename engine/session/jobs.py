@@ -26,6 +26,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from layerwatch.capture.errors import LayerwatchError
@@ -335,7 +336,7 @@ class JobRunner:
         forks = min(self.jobs, len(units)) - 1
         queue = UnitQueue(len(units), reserved=forks + 1)  # unit k: process k's first
         children: list[Forked[list[tuple[int, list[PairResult]]]]] = []
-        mine = [0]  # the reserved units of children that could not be forked are done here
+        unforked: list[int] = []  # reserved first units of children that could not be forked
         try:
             for k in range(1, forks + 1):
                 try:
@@ -352,14 +353,14 @@ class JobRunner:
                         )
                     )
                 except OSError:  # no fork (process limit...): its first unit is done here
-                    mine.append(k)
+                    unforked.append(k)
             if not children:
                 return None
             self.shares_elsewhere += len(children)
             total = len(work)
             results: list[PairResult | None] = [None] * total
             done = 0
-            for u in [*mine[1:], *queue.take(mine[0])]:
+            for u in chain(unforked, queue.take(0)):  # a unit at a time: children take the rest
                 part = units[u]
                 found = run_many(
                     self.compare, self.thresholds, [work[i] for i in part], self.side_stats

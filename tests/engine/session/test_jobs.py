@@ -75,11 +75,12 @@ def test_a_unit_queue_gives_each_unit_to_one_process() -> None:
         UnitQueue(UnitQueue.LIMIT + 1)
 
 
-def _in_child(parent: int, act):
-    """compare_noting_pid, but a forked child first does ``act()`` for each pair."""
+def _acting(parent: int, act, in_child: bool):
+    """compare_noting_pid, but a forked child (``in_child``) or the process ``parent`` first
+    does ``act()`` for each pair."""
 
     def compare(golden, target, thresholds, *, is_logits=False, side_stats=False):
-        if os.getpid() != parent:
+        if (os.getpid() != parent) == in_child:
             act()
         return compare_noting_pid(
             golden, target, thresholds, is_logits=is_logits, side_stats=side_stats
@@ -88,16 +89,19 @@ def _in_child(parent: int, act):
     return compare
 
 
-def _two_processes(runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch, act) -> tuple:
+def _two_processes(
+    runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch, act, in_child: bool = True
+) -> tuple:
     """(work, the runner, its results): the toy's pairs in units of 4 compared by this process
-    and a forked child that does ``act()`` before each pair."""
+    and a forked child, the child (or, not ``in_child``, this process) doing ``act()`` before
+    each pair."""
     if not can_fork():
         pytest.skip("fork is used only on Linux with a single thread")
     from layerwatch.engine.numerics.thresholds import Thresholds
 
     monkeypatch.setattr(jobs, "UNIT_PAIRS", 4)
     work = _works(runs["golden"], runs["faulty"])
-    runner = JobRunner(_in_child(os.getpid(), act), Thresholds.default(), jobs=2)
+    runner = JobRunner(_acting(os.getpid(), act, in_child), Thresholds.default(), jobs=2)
     runner.MIN_PARALLEL_COST = 0.0
     return work, runner, runner.run(work)
 
@@ -112,6 +116,16 @@ def test_a_slow_child_takes_fewer_units_and_results_stay_the_same(
     assert runner.shares_elsewhere == 1 and runner._pool is None  # a forked child, no pool
     by_pid = [sum(r.node_type == pid for r in two) for pid in {r.node_type for r in two}]
     assert len(by_pid) == 2 and min(by_pid) < len(work) // 4  # static shares: a half each
+
+
+def test_a_slow_parent_leaves_the_units_to_its_child(
+    toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue is read a unit at a time by every process, this one too: it once read the
+    whole pipe up front, leaving a child nothing but its first unit, however fast it was."""
+    work, _, two = _two_processes(toy_runs, monkeypatch, lambda: time.sleep(0.02), False)
+    by_child = sum(r.node_type != str(os.getpid()) for r in two)
+    assert by_child > len(work) // 2
 
 
 def test_a_child_that_dies_fails_only_the_units_it_took(
