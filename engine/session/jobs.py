@@ -296,14 +296,14 @@ class JobRunner:
         large pair alone, small pairs (``segments.SMALL``) in their order, in batches of at most
         ``segments.BATCH`` elements (what ``compare_pairs`` measures in one go) and
         :data:`UNIT_PAIRS` pairs; at most ``UnitQueue.LIMIT`` units."""
-        from layerwatch.engine.numerics.segments import BATCH, SMALL
+        from layerwatch.engine.numerics.segments import BATCH
 
         units: list[tuple[float, list[int]]] = []
         batch: list[int] = []
         held = 0
         for i, w in enumerate(work):
-            size = math.prod(w.golden.shape) if w.golden.loc is not None else 0
-            if not (0 < size <= SMALL) or w.is_logits:
+            size = _small_elements(w)
+            if not size:
                 units.append((costs[i], [i]))
                 continue
             if batch and (held + size > BATCH or len(batch) == UNIT_PAIRS):
@@ -432,12 +432,19 @@ class JobRunner:
 def _cost(work: Work) -> float:
     """Estimated seconds to compare one pair (for the decision and for balancing shares)."""
     from layerwatch.engine.numerics import fused
+
+    per_pair = SMALL_PAIR_COST if _small_elements(work) else PAIR_COST
+    return per_pair + (FUSED_BYTE_COST if fused.loaded() else BYTE_COST) * work.nbytes
+
+
+def _small_elements(work: Work) -> int:
+    """The elements of a pair that ``compare_pairs`` measures in a batch (a small pair,
+    ``segments.SMALL``, not logits), else 0: one test for :func:`_cost` and
+    :meth:`JobRunner.units`."""
     from layerwatch.engine.numerics.segments import SMALL
 
-    golden = work.golden
-    size = math.prod(golden.shape) if golden.loc is not None else 0
-    per_pair = SMALL_PAIR_COST if 0 < size <= SMALL and not work.is_logits else PAIR_COST
-    return per_pair + (FUSED_BYTE_COST if fused.loaded() else BYTE_COST) * work.nbytes
+    size = math.prod(work.golden.shape) if work.golden.loc is not None else 0
+    return size if 0 < size <= SMALL and not work.is_logits else 0
 
 
 def _load_kernel(work: Sequence[Work]) -> None:
