@@ -190,7 +190,7 @@ class LayerwatchReader(DirectoryReader):
         if self._opened is not None:  # opened by scan_index
             table, self._opened = self._opened, None
             return table
-        table = IndexTable(self, NameTable(), nodes=nodes, _filtered=bool(nodes))
+        table = IndexTable(self, NameTable(), nodes=nodes or None)
         for state in self._discover():
             topo = ReaderUpdate()
             self._read_topology(_Rank(state.path, state.rank), topo)
@@ -465,9 +465,9 @@ class IndexTable:
     spans: list[TokenSpans | None] = field(default_factory=list)
     """Per rank, after :meth:`compact`: its tokens' byte ranges (its columns dropped)."""
     nodes: str | None = None
-    """The ``--nodes`` glob applied (:meth:`only_nodes`)."""
+    """The ``--nodes`` glob applied (:meth:`only_nodes`, or opened with it): a token's lines
+    are no longer all its rows, so :meth:`compact` keeps the rows."""
     _sorted: list[tuple[np.ndarray | None, np.ndarray]] | None = None
-    _filtered: bool = False
     _match: NodeMatch | None = None
 
     @property
@@ -505,7 +505,7 @@ class IndexTable:
     def compact(self) -> IndexTable:
         """Keep a rank in token order as its tokens' byte ranges instead of a row a tensor
         (a windowed compare reads whole tokens; ~0 bytes a tensor while it runs)."""
-        if self.spans or self._filtered:
+        if self.spans or self.nodes is not None:
             return self
         self.spans = [
             cols.token_spans() if cols.spans is None else cols.spans for _, cols in self.ranks
@@ -527,7 +527,6 @@ class IndexTable:
         self.ranks = [(s, cols.keep_nodes(pattern, self.names)) for s, cols in self.ranks]
         self.nodes = pattern
         self._sorted = None
-        self._filtered = True  # a token's lines are no longer all its rows: never compact
         return self
 
     def records(self, low: int, high: int) -> tuple[list[TensorRecord], list[str]]:
