@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -149,14 +150,11 @@ def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = Tru
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="layerwatch",
-        description="Find where an LLM inference run goes numerically wrong: first bad token, layer and operator.",
-    )
-    parser.add_argument("--version", action="version", version="layerwatch 0.1.0")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+if TYPE_CHECKING:
+    _Commands = argparse._SubParsersAction[argparse.ArgumentParser]  # add_subparsers's
 
+
+def _add_demo(sub: _Commands) -> None:
     demo = sub.add_parser(
         "demo", help="run the demo model twice (golden, faulty target) and watch the grid"
     )
@@ -183,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--headless", action="store_true", help="print results instead of opening the TUI"
     )
 
+
+def _add_dump(sub: _Commands) -> None:
     dump = sub.add_parser("dump", help="run an inference command unmodified with capture on")
     dump.add_argument("--out", required=True, metavar="DIR", help="dump directory")
     add_capture_options(dump)
@@ -221,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_scan_bounds(dump)
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
+
+def _add_run(sub: _Commands) -> None:
     run = sub.add_parser("run", help="launch or attach to both sides and compare live")
     for side in SIDES:  # no golden side: the anomaly scan of the target, live
         group = run.add_mutually_exclusive_group(required=side == "target")
@@ -248,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_live_report_options(run)
     add_scan_bounds(run)
 
+
+def _add_watch(sub: _Commands) -> None:
     watch = sub.add_parser(
         "watch",
         help="attach to two dumps being written by anything (one: its anomaly scan, no golden)",
@@ -264,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_live_report_options(watch)
     add_scan_bounds(watch)
 
+
+def _add_open(sub: _Commands) -> None:
     open_ = sub.add_parser(
         "open",
         help="browse the comparison of two finished dumps, or one dump's precheck",
@@ -286,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_options(open_)
     add_live_report_options(open_, idle=False)
 
+
+def _add_compare(sub: _Commands) -> None:
     compare = sub.add_parser(
         "compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure"
     )
@@ -318,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_compare_options(compare)
 
+
+def _add_precheck(sub: _Commands) -> None:
     precheck = sub.add_parser(
         "precheck",
         help="recompute each operator of one dump in float64 from its own inputs and weights",
@@ -336,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     precheck.add_argument("cmd", nargs="*", metavar="-- COMMAND ...")
 
+
+def _add_badcase(sub: _Commands) -> None:
     badcase = sub.add_parser(
         "badcase",
         help="bad cases of two evaluation result files (msit bcanalyze): exit 1 when some",
@@ -344,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     badcase.add_argument("target", metavar="TARGET_EVAL", help="target results, same dataset")
     add_report_options(badcase, "msit bcanalyze columns")
 
+
+def _add_scan(sub: _Commands) -> None:
     scan = sub.add_parser(
         "scan",
         help="anomalies of one dump, no golden (NaN, Inf, saturation, all-zero, jump): exit 1 when some",
@@ -352,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_options(scan)
     add_scan_bounds(scan)
 
+
+def _add_allreduce(sub: _Commands) -> None:
     allreduce = sub.add_parser(
         "allreduce",
         help="tensor parallel: each rank's all-reduce output vs the reduction of every rank's"
@@ -367,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     allreduce.add_argument("--thresholds", metavar="TOML", help="override thresholds")
     add_report_options(allreduce)
 
+
+def _add_weights(sub: _Commands) -> None:
     weights = sub.add_parser(
         "weights",
         help="compare two checkpoints tensor by tensor (float/bf16/fp16/int8/fp8): exit 1 on a"
@@ -383,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="thresholds TOML whose [weights.<kind>] tables override the defaults",
     )
 
+
+def _add_serve(sub: _Commands) -> None:
     serve = sub.add_parser(
         "serve",
         help="the TUI in a browser: serve demo|run|watch|open ARGS (needs layerwatch[serve])",
@@ -402,6 +422,39 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COMMAND ARGS",
         help="demo, run, watch or open and its arguments",
     )
+
+
+_COMMAND_PARSERS: dict[str, Callable[[_Commands], None]] = {
+    "demo": _add_demo,
+    "dump": _add_dump,
+    "run": _add_run,
+    "watch": _add_watch,
+    "open": _add_open,
+    "compare": _add_compare,
+    "precheck": _add_precheck,
+    "badcase": _add_badcase,
+    "scan": _add_scan,
+    "allreduce": _add_allreduce,
+    "weights": _add_weights,
+    "serve": _add_serve,
+}
+"""Each command's sub-parser, in the order ``layerwatch --help`` lists them."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with ``command`` only that command's sub-parser (the one
+    ``main`` is about to run: building the other eleven cost ~6 ms of a compare's start-up,
+    argparse's per-argument formatter and gettext look-ups); parsing that command's
+    arguments, its ``--help`` and its errors are the same either way."""
+    parser = argparse.ArgumentParser(
+        prog="layerwatch",
+        description="Find where an LLM inference run goes numerically wrong: first bad token, layer and operator.",
+    )
+    parser.add_argument("--version", action="version", version="layerwatch 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, add in _COMMAND_PARSERS.items():
+        if command is None or name == command:
+            add(sub)
     return parser
 
 
@@ -449,7 +502,8 @@ def _quick_exit(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words and words[0] in _COMMAND_PARSERS else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
