@@ -283,8 +283,11 @@ def compare_windows(
                 session.pairer, session.runner = shared
             if prepare is not None:
                 prepare(updates["golden"], updates["target"])
-            session.compare_finished(
-                updates["golden"], updates["target"], _offset(progress, done) if progress else None
+            session.compare_finished(  # its results are read below, its batch never
+                updates["golden"],
+                updates["target"],
+                _offset(progress, done) if progress else None,
+                batch=False,
             )
             results = session.results()
             done += len(results)
