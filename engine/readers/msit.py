@@ -37,6 +37,7 @@ from layerwatch.engine.readers.pth import PthIncomplete, pth_locator
 from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
 TENSOR_EXT = (".pth", ".pt", ".npy")
+_PTH_EXT = (".pth", ".pt")
 STATS_CSV = "statistics.csv"
 _STALE_NS = 5_000_000_000
 """A file that is still incomplete this long after its last change is reported, not waited for."""
@@ -181,19 +182,36 @@ class MsitReader(TokenDirReader):
 
     def _scan_token(self, state: _Rank, token_dir: Path, files: dict) -> None:
         token = int(token_dir.name)
+        key = (state.path.name, token)
+        bucket = files.get(key)
         for node in scandir(token_dir):
             if node.is_dir():
-                self._scan_node(state, token, node.path, files)
+                if bucket is None:  # as a node directory's scan makes it (even an empty one)
+                    bucket = files[key] = []
+                self._scan_node(state, token, node.path, files, node.name, bucket)
 
-    def _scan_node(self, state: _Rank, token: int, node_dir: str | Path, files: dict) -> None:
-        node = os.path.basename(node_dir)
-        bucket = files.setdefault((state.path.name, token), [])
+    def _scan_node(
+        self,
+        state: _Rank,
+        token: int,
+        node_dir: str | Path,
+        files: dict,
+        node: str | None = None,
+        bucket: list | None = None,
+    ) -> None:
+        """Add the node directory's tensor files (and ``statistics.csv``) to ``files``;
+        ``node`` and ``bucket``, the directory's name and its ``files`` list, when the caller
+        has them (:meth:`_scan_token`, ~930 directories a side on bench case (b))."""
+        if node is None:
+            node = os.path.basename(node_dir)
+        if bucket is None:
+            bucket = files.setdefault((state.path.name, token), [])
         seen = self._seen
         for entry in scandir(node_dir):
             name = entry.name
             if (
                 (name.endswith(TENSOR_EXT) or name == STATS_CSV)
-                and entry.path not in seen
+                and (not seen or entry.path not in seen)
                 and not is_tmp_name(name)
             ):
                 try:
@@ -291,9 +309,38 @@ class MsitReader(TokenDirReader):
                 tok.order[node] = len(tok.order)
             order = tok.order
             items.sort(key=lambda i: (order[i[1]], i[2]))
+            seen, keys, tensors = self._seen, self._keys, update.tensors
             for path, node, name, mtime, size in items:
-                if path in self._seen:
+                if path in seen:
                     continue
+                if name.endswith(_PTH_EXT):  # most files: one record, built here (~2 µs less)
+                    try:
+                        loc = pth_locator(path, size)
+                    except LayerwatchError:
+                        pass  # reported below, as for any kind of file
+                    else:
+                        seen.add(path)
+                        if self._pending:
+                            self._pending.pop(path, None)
+                        key = TensorKey(token, node, name.rsplit(".", 1)[0], state.rank)
+                        if key in keys:
+                            continue
+                        keys.add(key)
+                        node_order = order[node]
+                        record = TensorRecord(
+                            key,
+                            loc.dtype,
+                            loc.shape,
+                            loc,
+                            None,
+                            node_order,
+                            state.types.get(node, ""),
+                            path,
+                        )
+                        tensors.append(record)
+                        if key.stem == "input_0":
+                            tok.id_candidates.append((node_order, record.dtype, loc))
+                        continue
                 try:
                     records = self._records(state, token, node, path, name, size)
                 except PthIncomplete:
