@@ -743,19 +743,9 @@ def _payload_key(item: Work) -> tuple[object, ...] | None:
     return (*_fields(g), *_fields(t), item.is_logits)
 
 
-def _fields(loc: Locator) -> tuple[object, ...]:
-    """What ``Locator.__eq__`` compares, in a plain tuple."""
-    return (
-        loc.path,
-        loc.offset,
-        loc.nbytes,
-        loc.dtype,
-        loc.shape,
-        loc.strides,
-        loc.elem_offset,
-        loc.layout,
-        loc.stored_shape,
-    )
+_fields = operator.attrgetter(*Locator.__slots__)
+"""What ``Locator.__eq__`` compares (every field, in order), as a plain tuple: one C call
+(a Python function building the tuple cost ~1 µs more a locator, two a pair)."""
 
 
 def _worth_sending(batch: ResultBatch) -> bool:
