@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,8 @@ from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, T
 
 TENSOR_EXT = (".pth", ".pt", ".npy")
 _PTH_EXT = (".pth", ".pt")
+_TIME_PATH = itemgetter(3, 0)
+"""A scanned file's (mtime, path): its key in time order (a C call, not a lambda)."""
 STATS_CSV = "statistics.csv"
 _STALE_NS = 5_000_000_000
 """A file that is still incomplete this long after its last change is reported, not waited for."""
@@ -456,7 +459,7 @@ class MsitReader(TokenDirReader):
                     break
                 parent = nodes[parent].parent if parent in nodes else parent.rpartition(".")[0]
         if len(last) >= _PATH_ORDER_MIN_NODES:
-            by_time = [item[0] for item in sorted(items, key=lambda i: (i[3], i[0]))]
+            by_time = [item[0] for item in sorted(items, key=_TIME_PATH)]
             if by_time == sorted(by_time):
                 return False
         return True
