@@ -535,11 +535,18 @@ def load_flat_many(locs: Sequence[Locator]) -> list[np.ndarray | Exception]:
     a file the header reader holds, a lone payload) goes through :func:`load_flat`."""
     out: list[np.ndarray | Exception | None] = [None] * len(locs)
     groups: dict[str, list[int]] = {}
+    alone: list[int] = []  # msit's small files: every one (its bytes held by the header read)
+    held = HELD.files
     for i, loc in enumerate(locs):
-        if loc.layout or loc.strides is not None or loc.elem_offset or loc.path in HELD.files:
-            groups[f"\x00{i}"] = [i]  # alone: load_flat
+        if loc.layout or loc.strides is not None or loc.elem_offset or loc.path in held:
+            alone.append(i)
         else:
             groups.setdefault(loc.path, []).append(i)
+    for i in alone:
+        try:
+            out[i] = load_flat(locs[i])
+        except LOAD_ERRORS as exc:
+            out[i] = exc
     for members in groups.values():
         if len(members) < 2 or not _load_group(locs, members, out):
             for i in members:
