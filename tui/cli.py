@@ -11,7 +11,6 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
-from typing import TYPE_CHECKING
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -150,11 +149,7 @@ def add_live_report_options(parser: argparse.ArgumentParser, *, idle: bool = Tru
         )
 
 
-if TYPE_CHECKING:
-    _Commands = argparse._SubParsersAction[argparse.ArgumentParser]  # add_subparsers's
-
-
-def _add_demo(sub: _Commands) -> None:
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser(
         "demo", help="run the demo model twice (golden, faulty target) and watch the grid"
     )
@@ -182,7 +177,7 @@ def _add_demo(sub: _Commands) -> None:
     )
 
 
-def _add_dump(sub: _Commands) -> None:
+def _add_dump(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dump = sub.add_parser("dump", help="run an inference command unmodified with capture on")
     dump.add_argument("--out", required=True, metavar="DIR", help="dump directory")
     add_capture_options(dump)
@@ -222,7 +217,7 @@ def _add_dump(sub: _Commands) -> None:
     dump.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
 
-def _add_run(sub: _Commands) -> None:
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="launch or attach to both sides and compare live")
     for side in SIDES:  # no golden side: the anomaly scan of the target, live
         group = run.add_mutually_exclusive_group(required=side == "target")
@@ -251,7 +246,7 @@ def _add_run(sub: _Commands) -> None:
     add_scan_bounds(run)
 
 
-def _add_watch(sub: _Commands) -> None:
+def _add_watch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     watch = sub.add_parser(
         "watch",
         help="attach to two dumps being written by anything (one: its anomaly scan, no golden)",
@@ -269,7 +264,7 @@ def _add_watch(sub: _Commands) -> None:
     add_scan_bounds(watch)
 
 
-def _add_open(sub: _Commands) -> None:
+def _add_open(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     open_ = sub.add_parser(
         "open",
         help="browse the comparison of two finished dumps, or one dump's precheck",
@@ -293,7 +288,7 @@ def _add_open(sub: _Commands) -> None:
     add_live_report_options(open_, idle=False)
 
 
-def _add_compare(sub: _Commands) -> None:
+def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     compare = sub.add_parser(
         "compare", help="compare two dumps headless: CSV/JSON report, exit 1 on failure"
     )
@@ -327,7 +322,7 @@ def _add_compare(sub: _Commands) -> None:
     add_compare_options(compare)
 
 
-def _add_precheck(sub: _Commands) -> None:
+def _add_precheck(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     precheck = sub.add_parser(
         "precheck",
         help="recompute each operator of one dump in float64 from its own inputs and weights",
@@ -347,7 +342,7 @@ def _add_precheck(sub: _Commands) -> None:
     precheck.add_argument("cmd", nargs="*", metavar="-- COMMAND ...")
 
 
-def _add_badcase(sub: _Commands) -> None:
+def _add_badcase(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     badcase = sub.add_parser(
         "badcase",
         help="bad cases of two evaluation result files (msit bcanalyze): exit 1 when some",
@@ -357,7 +352,7 @@ def _add_badcase(sub: _Commands) -> None:
     add_report_options(badcase, "msit bcanalyze columns")
 
 
-def _add_scan(sub: _Commands) -> None:
+def _add_scan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scan = sub.add_parser(
         "scan",
         help="anomalies of one dump, no golden (NaN, Inf, saturation, all-zero, jump): exit 1 when some",
@@ -367,7 +362,7 @@ def _add_scan(sub: _Commands) -> None:
     add_scan_bounds(scan)
 
 
-def _add_allreduce(sub: _Commands) -> None:
+def _add_allreduce(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     allreduce = sub.add_parser(
         "allreduce",
         help="tensor parallel: each rank's all-reduce output vs the reduction of every rank's"
@@ -384,7 +379,7 @@ def _add_allreduce(sub: _Commands) -> None:
     add_report_options(allreduce)
 
 
-def _add_weights(sub: _Commands) -> None:
+def _add_weights(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     weights = sub.add_parser(
         "weights",
         help="compare two checkpoints tensor by tensor (float/bf16/fp16/int8/fp8): exit 1 on a"
@@ -402,7 +397,7 @@ def _add_weights(sub: _Commands) -> None:
     )
 
 
-def _add_serve(sub: _Commands) -> None:
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser(
         "serve",
         help="the TUI in a browser: serve demo|run|watch|open ARGS (needs layerwatch[serve])",
@@ -424,7 +419,9 @@ def _add_serve(sub: _Commands) -> None:
     )
 
 
-_COMMAND_PARSERS: dict[str, Callable[[_Commands], None]] = {
+_COMMAND_PARSERS: dict[
+    str, Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
+] = {
     "demo": _add_demo,
     "dump": _add_dump,
     "run": _add_run,
