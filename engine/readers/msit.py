@@ -38,7 +38,6 @@ from layerwatch.engine.readers.pth import PthIncomplete, pth_locator
 from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
 TENSOR_EXT = (".pth", ".pt", ".npy")
-_PTH_EXT = (".pth", ".pt")
 _TIME_PATH = itemgetter(3, 0)
 """A scanned file's (mtime, path): its key in time order (a C call, not a lambda)."""
 STATS_CSV = "statistics.csv"
@@ -316,21 +315,39 @@ class MsitReader(TokenDirReader):
             for path, node, name, mtime, size in items:
                 if path in seen:
                     continue
-                if name.endswith(_PTH_EXT):  # most files: one record, built here (~2 µs less)
-                    try:
-                        loc = pth_locator(path, size)
-                    except LayerwatchError:
-                        pass  # reported below, as for any kind of file
+                loc: Locator | None = None
+                records: list[TensorRecord] = []
+                try:
+                    if name == STATS_CSV:
+                        records = self._stats_records(state, token, node, path)
                     else:
+                        loc = (
+                            npy_locator(path) if name.endswith(".npy") else pth_locator(path, size)
+                        )
+                except PthIncomplete:
+                    since = self._pending.setdefault(path, now)
+                    if final or (full and now - max(since, mtime) > _STALE_NS):
+                        # The writer finished (or left it for long): it will not grow any more.
+                        update.notes.append(skipped_note(path))
                         seen.add(path)
-                        if self._pending:
-                            self._pending.pop(path, None)
-                        key = TensorKey(token, node, name.rsplit(".", 1)[0], state.rank)
-                        if key in keys:
-                            continue
-                        keys.add(key)
-                        node_order = order[node]
-                        record = TensorRecord(
+                        self._pending.pop(path, None)
+                    continue
+                except LayerwatchError as exc:
+                    update.notes.append(str(exc))
+                    seen.add(path)
+                    self._pending.pop(path, None)
+                    continue
+                seen.add(path)
+                if self._pending:
+                    self._pending.pop(path, None)
+                node_order = order[node]
+                if loc is not None:  # a tensor file: its one record, built here (no list)
+                    key = TensorKey(token, node, name.rsplit(".", 1)[0], state.rank)
+                    if key in keys:
+                        continue
+                    keys.add(key)
+                    tensors.append(
+                        TensorRecord(
                             key,
                             loc.dtype,
                             loc.shape,
@@ -340,37 +357,16 @@ class MsitReader(TokenDirReader):
                             state.types.get(node, ""),
                             path,
                         )
-                        tensors.append(record)
-                        if key.stem == "input_0":
-                            tok.id_candidates.append((node_order, record.dtype, loc))
-                        continue
-                try:
-                    records = self._records(state, token, node, path, name, size)
-                except PthIncomplete:
-                    since = self._pending.setdefault(path, now)
-                    if final or (full and now - max(since, mtime) > _STALE_NS):
-                        # The writer finished (or left it for long): it will not grow any more.
-                        update.notes.append(skipped_note(path))
-                        self._seen.add(path)
-                        self._pending.pop(path, None)
+                    )
+                    if key.stem == "input_0":
+                        tok.id_candidates.append((node_order, loc.dtype, loc))
                     continue
-                except LayerwatchError as exc:
-                    update.notes.append(str(exc))
-                    self._seen.add(path)
-                    self._pending.pop(path, None)
-                    continue
-                self._seen.add(path)
-                if self._pending:
-                    self._pending.pop(path, None)
-                node_order = order[node]
-                for record in records:
-                    if record.key in self._keys:
+                for record in records:  # statistics.csv: a record a row
+                    if record.key in keys:
                         continue
-                    self._keys.add(record.key)
+                    keys.add(record.key)
                     record.order = node_order
-                    update.tensors.append(record)
-                    if record.key.stem == "input_0" and record.loc is not None:
-                        tok.id_candidates.append((node_order, record.dtype, record.loc))
+                    tensors.append(record)
             self._token_ids(tok, token, update)
             if not state.ordered_topology and self._topology is not None and tok.order:
                 for node, position in tok.order.items():
@@ -379,20 +375,9 @@ class MsitReader(TokenDirReader):
                 state.ordered_topology = True
                 update.topology = self._topology
 
-    def _records(
-        self, state: _Rank, token: int, node: str, path: str, name: str, size: int | None = None
-    ) -> list[TensorRecord]:
+    def _stats_records(self, state: _Rank, token: int, node: str, path: str) -> list[TensorRecord]:
+        """A statistics-only node directory's ``statistics.csv``: a record a row, no locator."""
         node_type = state.types.get(node, "")
-        if name == STATS_CSV:
-            return self._stats_records(state, token, node, path, node_type)
-        stem = name.rsplit(".", 1)[0]
-        loc = npy_locator(path) if name.endswith(".npy") else pth_locator(path, size)
-        key = TensorKey(token, node, stem, state.rank)
-        return [TensorRecord(key, loc.dtype, loc.shape, loc, None, -1, node_type, path)]
-
-    def _stats_records(
-        self, state: _Rank, token: int, node: str, path: str, node_type: str
-    ) -> list[TensorRecord]:
         with open(path, "rb") as fh:
             text = fh.read()
         whole = whole_lines(text)
