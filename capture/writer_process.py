@@ -56,7 +56,7 @@ from typing import IO, Any, cast
 import numpy as np
 
 from .config import DumpConfig
-from .cpus import spare_core
+from .cpus import cores
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem
 from .index_lines import tail_text
 from .keep import TokenRing
@@ -83,6 +83,16 @@ _CHILD = (
     "    sys.exit(3)\n"
     "writer_process.child_main(sys.argv[1])\n"
 )
+
+
+def second_core() -> bool:
+    """Whether this process may run on two cores or more, busy or not. A writer process pays
+    off on a loaded box too: it is one more task the scheduler shares the cores with, instead
+    of a thread that takes the model's GIL (``bench_dump.py --cli`` at load 4.5-7.5 on the
+    2-core box, same run: `generate` 1.80x with the writer process, 3.14x with the thread
+    writer; README's dump-overhead row). Not ``cpus.spare_core`` (idle cores only), which the
+    compare's reader thread keeps."""
+    return cores() >= 2
 
 
 def wanted(config: DumpConfig, device_type: str) -> bool:
@@ -169,8 +179,8 @@ class ProcessWriter(LayerwatchWriter):
         if self._proc is None:
             if self.items_here < self.spawn_after:
                 return False
-            if not (self.wait_for_start or spare_core()):  # capture/cpus.py: on a busy
-                self.local = True  # core the process only adds its start and the pipe
+            if not (self.wait_for_start or second_core()):  # one core: the process
+                self.local = True  # would only add its start and the pipe to the model's work
                 return False
             self._start_process()
             if self.local:
