@@ -1,6 +1,7 @@
 """Cores this process may use, and whether one is likely idle: the one rule for the helpers
 that pay off only on a core the box is not using — the compare's reader thread
-(engine/numerics/compare.py) and the capture's writer process (capture/writer_process.py)."""
+(engine/numerics/compare.py). The capture's writer process needs only a second core, busy or
+not (capture/writer_process.py ``second_core``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ def spare_core() -> bool:
     """Two or more cores and the one-minute load average below ``cores − ½``. On a core the
     box is using anyway a helper saves no time and costs more CPU: the reader thread ~7 % for
     streamed pairs (its copies land in another core's cache; bench case (a) at load 4–7 on the
-    2-core development box); the writer process its start and the pipe (the 512-token
-    ``bench_dump.py --cli`` run at load ~2 on 2 cores: no gain over the thread writer)."""
+    2-core development box)."""
     n = cores()
     if n < 2:
         return False

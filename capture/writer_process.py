@@ -25,8 +25,9 @@ Contracts kept:
   (:class:`LayerwatchWriter`, nothing lost: the process writes nothing before the hand-over).
 
 The default for host (CPU) models in the layerwatch format without ``dump_weight`` (device
-tensors are reduced on the device, weights and the msit format keep the thread writer), but
-only for runs that show they are long. The process takes ~0.2 s to start (more under load),
+tensors are reduced on the device, weights and the msit format keep the thread writer), on
+two cores or more (loaded or not: :func:`second_core`), but only for runs that show they are
+long. The process takes ~0.2 s to start (more under load),
 which a long run earns back and a short one does not (``bench_dump.py`` config b, 8 tokens,
 when every run started it: 1.9x -> 3.3-4.4x). So the thread writes the first batches itself;
 after :attr:`ProcessWriter.spawn_after` items it starts the process, keeps writing while the
