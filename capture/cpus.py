@@ -1,7 +1,7 @@
 """Cores this process may use, and whether one is likely idle: the one rule for the helpers
 that pay off only on a core the box is not using — the compare's reader thread
-(engine/numerics/compare.py). The capture's writer process needs only a second core, busy or
-not (capture/writer_process.py ``second_core``)."""
+(engine/numerics/compare.py). The capture's writer process (capture/writer_process.py) needs
+only a second core, busy or not (:func:`second_core`)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,13 @@ def spare_core() -> bool:
     except (AttributeError, OSError):  # no load average (Windows): assume the core is there
         return True
     return load < n - 0.5
+
+
+def second_core() -> bool:
+    """Whether this process may run on two cores or more, busy or not. A writer process pays
+    off on a loaded box too: it is one more task the scheduler shares the cores with, instead
+    of a thread that takes the model's GIL (``bench_dump.py --cli`` at load 4.5-7.5 on the
+    2-core box, same run: ``generate`` 1.80x with the writer process, 3.14x with the thread
+    writer; README's dump-overhead row). Not :func:`spare_core` (idle cores only), which the
+    compare's reader thread keeps."""
+    return cores() >= 2

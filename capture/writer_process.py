@@ -26,8 +26,8 @@ Contracts kept:
 
 The default for host (CPU) models in the layerwatch format without ``dump_weight`` (device
 tensors are reduced on the device, weights and the msit format keep the thread writer), on
-two cores or more (loaded or not: :func:`second_core`), but only for runs that show they are
-long. The process takes ~0.2 s to start (more under load),
+two cores or more (loaded or not: capture/cpus.py ``second_core``), but only for runs that
+show they are long. The process takes ~0.2 s to start (more under load),
 which a long run earns back and a short one does not (``bench_dump.py`` config b, 8 tokens,
 when every run started it: 1.9x -> 3.3-4.4x). So the thread writes the first batches itself;
 after :attr:`ProcessWriter.spawn_after` items it starts the process, keeps writing while the
@@ -57,7 +57,7 @@ from typing import IO, Any, cast
 import numpy as np
 
 from .config import DumpConfig
-from .cpus import cores
+from .cpus import second_core
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem
 from .index_lines import tail_text
 from .keep import TokenRing
@@ -84,16 +84,6 @@ _CHILD = (
     "    sys.exit(3)\n"
     "writer_process.child_main(sys.argv[1])\n"
 )
-
-
-def second_core() -> bool:
-    """Whether this process may run on two cores or more, busy or not. A writer process pays
-    off on a loaded box too: it is one more task the scheduler shares the cores with, instead
-    of a thread that takes the model's GIL (``bench_dump.py --cli`` at load 4.5-7.5 on the
-    2-core box, same run: `generate` 1.80x with the writer process, 3.14x with the thread
-    writer; README's dump-overhead row). Not ``cpus.spare_core`` (idle cores only), which the
-    compare's reader thread keeps."""
-    return cores() >= 2
 
 
 def wanted(config: DumpConfig, device_type: str) -> bool:
@@ -127,7 +117,7 @@ class ProcessWriter(LayerwatchWriter):
         super().__init__(config, run_dir, topology, meta)
         self.local = False
         """The batches are written in this process for the rest of the run: the writer
-        process could not start, or no core was to spare when it was due (capture/cpus.py)."""
+        process could not start, or this process runs on one core (capture/cpus.py)."""
         self.remote = False
         """The run was handed over: the writer process writes every batch from now on."""
         self.forced = os.environ.get(ENV, "") == "process"

@@ -131,7 +131,7 @@ def test_on_one_cpu_the_thread_writes_the_whole_run(tmp_path, monkeypatch):
 
 
 def test_on_a_busy_box_the_writer_process_still_starts(tmp_path, monkeypatch):
-    """A loaded box with two cores (writer_process.second_core): the process is one more task
+    """A loaded box with two cores (cpus.second_core): the process is one more task
     to share the cores with, where a thread would take the model's GIL."""
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(ProcessWriter, "spawn_after", 1)
