@@ -1,6 +1,7 @@
 """Cores this process may use, and whether one is likely idle: the one rule for the helpers
 that pay off only on a core the box is not using — the compare's reader thread
-(engine/numerics/compare.py) and the capture's writer process (capture/writer_process.py)."""
+(engine/numerics/compare.py). The capture's writer process (capture/writer_process.py) needs
+only a second core, busy or not (:func:`second_core`)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ def spare_core() -> bool:
     """Two or more cores and the one-minute load average below ``cores − ½``. On a core the
     box is using anyway a helper saves no time and costs more CPU: the reader thread ~7 % for
     streamed pairs (its copies land in another core's cache; bench case (a) at load 4–7 on the
-    2-core development box); the writer process its start and the pipe (the 512-token
-    ``bench_dump.py --cli`` run at load ~2 on 2 cores: no gain over the thread writer)."""
+    2-core development box)."""
     n = cores()
     if n < 2:
         return False
@@ -29,3 +29,13 @@ def spare_core() -> bool:
     except (AttributeError, OSError):  # no load average (Windows): assume the core is there
         return True
     return load < n - 0.5
+
+
+def second_core() -> bool:
+    """Whether this process may run on two cores or more, busy or not. A writer process pays
+    off on a loaded box too: it is one more task the scheduler shares the cores with, instead
+    of a thread that takes the model's GIL (``bench_dump.py --cli`` at load 4.5-7.5 on the
+    2-core box, same run: ``generate`` 1.80x with the writer process, 3.14x with the thread
+    writer; README's dump-overhead row). Not :func:`spare_core` (idle cores only), which the
+    compare's reader thread keeps."""
+    return cores() >= 2

@@ -25,8 +25,9 @@ Contracts kept:
   (:class:`LayerwatchWriter`, nothing lost: the process writes nothing before the hand-over).
 
 The default for host (CPU) models in the layerwatch format without ``dump_weight`` (device
-tensors are reduced on the device, weights and the msit format keep the thread writer), but
-only for runs that show they are long. The process takes ~0.2 s to start (more under load),
+tensors are reduced on the device, weights and the msit format keep the thread writer), on
+two cores or more (loaded or not: capture/cpus.py ``second_core``), but only for runs that
+show they are long. The process takes ~0.2 s to start (more under load),
 which a long run earns back and a short one does not (``bench_dump.py`` config b, 8 tokens,
 when every run started it: 1.9x -> 3.3-4.4x). So the thread writes the first batches itself;
 after :attr:`ProcessWriter.spawn_after` items it starts the process, keeps writing while the
@@ -56,7 +57,7 @@ from typing import IO, Any, cast
 import numpy as np
 
 from .config import DumpConfig
-from .cpus import spare_core
+from .cpus import second_core
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem
 from .index_lines import tail_text
 from .keep import TokenRing
@@ -116,7 +117,7 @@ class ProcessWriter(LayerwatchWriter):
         super().__init__(config, run_dir, topology, meta)
         self.local = False
         """The batches are written in this process for the rest of the run: the writer
-        process could not start, or no core was to spare when it was due (capture/cpus.py)."""
+        process could not start, or this process runs on one core (capture/cpus.py)."""
         self.remote = False
         """The run was handed over: the writer process writes every batch from now on."""
         self.forced = os.environ.get(ENV, "") == "process"
@@ -169,8 +170,8 @@ class ProcessWriter(LayerwatchWriter):
         if self._proc is None:
             if self.items_here < self.spawn_after:
                 return False
-            if not (self.wait_for_start or spare_core()):  # capture/cpus.py: on a busy
-                self.local = True  # core the process only adds its start and the pipe
+            if not (self.wait_for_start or second_core()):  # one core: the process
+                self.local = True  # would only add its start and the pipe to the model's work
                 return False
             self._start_process()
             if self.local:

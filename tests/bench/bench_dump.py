@@ -23,7 +23,9 @@ wall time, ``python script.py`` against ``layerwatch dump --out D -- python scri
 (interleaved; median and min of ``--repeats``); the script also prints its own ``generate`` time, so
 both the whole-run and the generate-only ratios are shown. ``--before-python`` names the
 python of another checkout's venv (e.g. main's): its ``layerwatch dump`` runs interleaved
-with ours, so a before/after pair comes from one run under one load.
+with ours, so a before/after pair comes from one run under one load. It must be a venv that
+imports that checkout by itself (an editable install): a ``PYTHONPATH`` shim does not reach the
+dumped script, which then captures nothing; a side that dumped no tensor stops the bench.
 
 Baseline and captured runs alternate in one process; each figure is the median of
 ``--repeats`` runs; a captured run is ``generate`` + ``HookHandle.close()`` (everything on disk,
@@ -165,6 +167,11 @@ def bench_cli(
                     shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    empty = [side for side in sides if side != "plain" and not tensors.get(side)]
+    if empty:  # a ratio against a run that captured nothing says nothing
+        raise SystemExit(
+            f"no tensor dumped by: {', '.join(empty)} (does its python import layerwatch?)"
+        )
     out: dict[str, tuple[float, ...]] = {}
     for k, v in runs.items():
         out[k] = (
