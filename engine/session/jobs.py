@@ -211,6 +211,10 @@ class JobRunner:
         """Ask the compare function for side statistics (records without any; CSV reports)."""
         self.shares_elsewhere = 0
         """Shares compared in another process so far (forked children or pool tasks)."""
+        self.meanwhile: Callable[[], None] | None = None
+        """Called once in this process, when forked children have started and before it takes
+        a unit: the windowed compare reads its next window there (``session/windowed.py``),
+        while the children compare. Cleared by the call; never called on any other path."""
         self._pool: Executor | None = None
         self._pool_failed = False
 
@@ -357,6 +361,9 @@ class JobRunner:
             if not children:
                 return None
             self.shares_elsewhere += len(children)
+            meanwhile, self.meanwhile = self.meanwhile, None
+            if meanwhile is not None:
+                meanwhile()
             total = len(work)
             results: list[PairResult | None] = [None] * total
             done = 0
