@@ -1,10 +1,12 @@
 """Cores this process may use, and whether one is likely idle: the one rule for the helpers
 that pay off only on a core the box is not using — the compare's reader thread
-(engine/numerics/compare.py). The capture's writer process (capture/writer_process.py) needs
+(engine/numerics/compare.py) and the compare's forked children under ``--jobs 0``
+(engine/session/jobs.py). The capture's writer process (capture/writer_process.py) needs
 only a second core, busy or not (:func:`second_core`)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 
@@ -16,19 +18,23 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def spare_cores() -> int:
+    """Cores the one-minute load average leaves idle: ``cores − ½ − load`` rounded up, 0 or
+    more (2 cores: 1 below load 1.5, 0 from there; no load average, as on Windows: all)."""
+    n = cores()
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): assume the cores are there
+        return n
+    return max(0, min(n, math.ceil(n - 0.5 - load)))
+
+
 def spare_core() -> bool:
     """Two or more cores and the one-minute load average below ``cores − ½``. On a core the
     box is using anyway a helper saves no time and costs more CPU: the reader thread ~7 % for
     streamed pairs (its copies land in another core's cache; bench case (a) at load 4–7 on the
     2-core development box)."""
-    n = cores()
-    if n < 2:
-        return False
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average (Windows): assume the core is there
-        return True
-    return load < n - 0.5
+    return cores() >= 2 and spare_cores() >= 1
 
 
 def second_core() -> bool:

@@ -91,7 +91,7 @@ def _compare_main(args: argparse.Namespace) -> int:
     tokens = parse_tokens(args.tokens) if getattr(args, "tokens", None) else None
     jobs = getattr(args, "jobs", 0) or 0
     if jobs < 0:
-        raise LayerwatchError(f"--jobs must be 0 (all cores) or more, not {jobs}")
+        raise LayerwatchError(f"--jobs must be 0 (a process per idle core) or more, not {jobs}")
     if getattr(args, "ray", None):  # the target's ranks live on the cluster's nodes
         from layerwatch.engine.raycompare import ray_compare_main
 

@@ -110,7 +110,11 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
         "--thresholds", metavar="FILE", help="thresholds TOML overriding the defaults"
     )
     parser.add_argument(
-        "--jobs", type=int, default=0, metavar="N", help="compare processes (default: CPU count)"
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="compare processes (default 0: this one and one per core the load leaves idle)",
     )
     parser.add_argument(
         "--allow-partial",

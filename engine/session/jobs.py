@@ -204,13 +204,17 @@ class JobRunner:
     def __init__(self, compare: CompareFn, thresholds: object, jobs: int = 1) -> None:
         self.compare = compare
         self.thresholds = thresholds
-        self.jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
+        self.jobs = jobs if jobs > 0 else auto_jobs()
         self.notes: list[str] = []
         """One-line notes for the user (the pool could not start...); the caller drains them."""
         self.side_stats = False
         """Ask the compare function for side statistics (records without any; CSV reports)."""
         self.shares_elsewhere = 0
         """Shares compared in another process so far (forked children or pool tasks)."""
+        self.meanwhile: Callable[[], None] | None = None
+        """Called once in this process, when forked children have started and before it takes
+        a unit: the windowed compare reads its next window there (``session/windowed.py``),
+        while the children compare. Cleared by the call; never called on any other path."""
         self._pool: Executor | None = None
         self._pool_failed = False
 
@@ -357,6 +361,9 @@ class JobRunner:
             if not children:
                 return None
             self.shares_elsewhere += len(children)
+            meanwhile, self.meanwhile = self.meanwhile, None
+            if meanwhile is not None:
+                meanwhile()
             total = len(work)
             results: list[PairResult | None] = [None] * total
             done = 0
@@ -427,6 +434,16 @@ class JobRunner:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def auto_jobs() -> int:
+    """Processes for ``--jobs 0``: this one plus one for each core the load average leaves idle
+    (``capture/cpus.py``), at most the cores. A process on a core the box is using anyway only
+    adds its fork and copied pages and is waited for at the end: bench case (a) on the 2-core box
+    at load 2.1–2.7, two processes took 1.28× the wall of one (10 alternated pairs, median)."""
+    from layerwatch.capture.cpus import cores, spare_cores
+
+    return max(1, min(cores(), 1 + spare_cores()))
 
 
 def _cost(work: Work) -> float:

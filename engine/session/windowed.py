@@ -16,6 +16,9 @@ windows in token order:
   takes its margin from the window that holds the step before and sums what was not compared;
 - counts and notes: summed / kept once, in order.
 
+A window closes at :data:`WINDOW_TENSORS` golden tensors or :data:`WINDOW_BYTES` of payload;
+when forked children compare it (``JobRunner.meanwhile``), this process reads the next window
+meanwhile, so the headers of later tokens are parsed beside the comparing, not after it.
 Each window is a fresh session sharing one pairer (its weight match is computed once) and one
 job runner (one process pool). Its rows go to the report stream as the window completes, the
 merged findings and counts take what they need; then the window's records and results are dropped
@@ -45,6 +48,10 @@ SIDES = ("golden", "target")
 WINDOW_TENSORS = 2_048
 """Tensors of the golden side in one window (whole tokens; one token may be more): ~60 MB of
 records and results while the window is compared, freed after."""
+WINDOW_BYTES = 256 << 20
+"""... or fewer once their payloads (both sides) hold this many bytes: such a window is worth
+comparing in forked processes while this one reads the next (msit's layout puts the prompt's
+tensors, most of a run's bytes, in token 0: bench case (a)'s token 0 holds 464 of its 490 MB)."""
 CHUNK_BYTES = 1 << 20
 """Index bytes read a time from each side."""
 
@@ -62,6 +69,8 @@ class _Side:
     reader: ChunkReader
     buffered: dict[int, list[Any]] = field(default_factory=dict)
     """Records by token, not windowed yet."""
+    nbytes: dict[int, int] = field(default_factory=dict)
+    """Their payload bytes, by token."""
     ids_top: int = -1
     """Highest token of a token line."""
     tops: dict[int, int] = field(default_factory=dict)
@@ -98,10 +107,12 @@ def windows(
             if update is None:
                 side.done = True
                 continue
-            tops = side.tops
+            tops, nbytes = side.tops, side.nbytes
             for record in update.tensors:
                 key = record.key
                 side.buffered.setdefault(key.token, []).append(record)
+                if record.loc is not None:
+                    nbytes[key.token] = nbytes.get(key.token, 0) + record.loc.nbytes
                 if key.token > tops.get(key.rank, -1):
                     tops[key.rank] = key.token
             if update.token_ids:
@@ -120,11 +131,12 @@ def windows(
         )
         while ready:
             # A side read whole (or a big chunk) leaves many tokens ready: a window at a time.
-            size, take = 0, 0
-            while take < len(ready) and size < window:
+            size = payload = take = 0
+            while take < len(ready) and size < window and payload < WINDOW_BYTES:
                 size += max(len(s.buffered.get(ready[take], ())) for s in sides.values())
+                payload += sum(s.nbytes.get(ready[take], 0) for s in sides.values())
                 take += 1
-            if size < window and not finished:
+            if size < window and payload < WINDOW_BYTES and not finished:
                 break
             chosen, ready = ready[:take], ready[take:]
             out = {}
@@ -138,6 +150,7 @@ def windows(
                 extra[name].notes = []
                 for token in chosen:
                     update.tensors.extend(side.buffered.pop(token, ()))
+                    side.nbytes.pop(token, None)
                 out[name] = update
             late = [t for t in chosen if t <= closed]
             if late:
@@ -274,8 +287,27 @@ def compare_windows(
         if tables is not None
         else windows(readers, window)
     )
+    ahead: list[tuple[dict[str, ReaderUpdate] | None, Exception | None]] = []
+
+    def read_ahead() -> None:
+        """The next window (or its reading's error, raised in its turn), read while forked
+        children compare this one (``JobRunner.meanwhile``): on two cores the headers of the
+        next tokens are parsed beside the comparing instead of after it."""
+        try:
+            ahead.append((next(source, None), None))
+        except Exception as exc:
+            ahead.append((None, exc))
+
     try:
-        for updates in source:
+        while True:
+            if ahead:
+                updates, error = ahead.pop()
+                if error is not None:
+                    raise error
+            else:
+                updates = next(source, None)
+            if updates is None:
+                break
             session = make_session()
             if shared is None:
                 shared = (session.pairer, session.runner)
@@ -283,17 +315,20 @@ def compare_windows(
                 session.pairer, session.runner = shared
             if prepare is not None:
                 prepare(updates["golden"], updates["target"])
+            session.runner.meanwhile = read_ahead
             session.compare_finished(  # its results are read below, its batch never
                 updates["golden"],
                 updates["target"],
                 _offset(progress, done) if progress else None,
                 batch=False,
             )
+            session.runner.meanwhile = None
             results = session.results()
             done += len(results)
             sink.add(results)
             run.take(session, results)
-            # Dropped before the next window is read: no window's records outlive it.
+            # Dropped before the window after next is read: at most two windows' records at a
+            # time (the next one is read while forked children compare this one).
             del session, results, updates
     finally:
         if shared is not None:

@@ -20,7 +20,10 @@ is reading every payload of both dumps once (our readers' locators + ``load_arra
 process, no metrics), also read once beside each timed ``--jobs`` run, alternating (a floor read
 under the same load: this box's load drifts by the minute); the whole-process floor does the
 same in a fresh interpreter (start-up, numpy and our readers' imports included: where start-up
-bounds any Python tool).
+bounds any Python tool). ``--jobs`` values timed: 1, 0 (the default: this process and one more
+per core the load average leaves idle, ``capture/cpus.py``, so at a load of cores − ½ or more it
+is ``--jobs 1``) and 2 (two processes whatever the load); each row prints the load average it
+started at.
 Goals: ≥ 20× msit on (a) and (b), ≥ 60 % of the load floor on (a).
 """
 
@@ -263,9 +266,11 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     runs: dict[int, tuple[list[float], list[float], list[float]]] = {
         j: ([], [], []) for j in args.jobs
     }
+    loads: dict[int, list[float]] = {j: [] for j in args.jobs}
     for _ in range(args.repeat):
         for jobs, (w, c, f) in runs.items():
             f.append(load_floor(golden, target, 1)[0])
+            loads[jobs].append(os.getloadavg()[0])
             walls, cpus, out = timed([*ours, "--jobs", str(jobs)], env, 1)
             w += walls
             c += cpus
@@ -275,6 +280,7 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         row[f"ours_j{jobs}_min"] = min(walls)
         row[f"ours_j{jobs}_cpu"] = statistics.median(cpus)
         row[f"floor_j{jobs}_s"] = statistics.median(floors)
+        row[f"load_j{jobs}_lo"], row[f"load_j{jobs}_hi"] = min(loads[jobs]), max(loads[jobs])
     with tempfile.TemporaryDirectory() as tmp:
         msit = [
             str(args.msit / "bin" / "msit"),
@@ -347,7 +353,8 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
             f"{mb / s:.0f} MB/s, {pairs / s:.0f} pairs/s  → {row['msit_s'] / s:.1f}× msit by "
             f"wall (min/min {row['msit_min'] / low:.1f}×), {row['msit_cpu'] / cpu:.1f}× by CPU; "
             f"{row['floor_s'] / s:.0%} of the load floor; {row[f'floor_j{j}_s'] / s:.0%} of the "
-            f"floor read alongside each run ({row[f'floor_j{j}_s']:.3f} s)"
+            f"floor read alongside each run ({row[f'floor_j{j}_s']:.3f} s); load average "
+            f"{row[f'load_j{j}_lo']:.1f}–{row[f'load_j{j}_hi']:.1f} at the runs' starts"
         )
     print(
         f"  the same, --jobs 1 without the compiled kernel (LAYERWATCH_NO_NUMBA=1): "
@@ -394,7 +401,11 @@ def main() -> None:
     )
     parser.add_argument("--msit-repeat", type=int, default=3, help="runs of msit (median)")
     parser.add_argument(
-        "--jobs", type=int, nargs="+", default=[1, 0], help="--jobs values to time (0 = all cores)"
+        "--jobs",
+        type=int,
+        nargs="+",
+        default=[1, 0, 2],
+        help="--jobs values to time (0 = the default: one process per idle core)",
     )
     args = parser.parse_args()
     if args.make:

@@ -308,3 +308,20 @@ def test_compare_command_defaults_blas_threads_to_one_before_numpy() -> None:
     env["OMP_NUM_THREADS"] = "3"  # a user's explicit choice stays
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.split() == ["1", "3"], out.stderr
+
+
+@pytest.mark.parametrize(
+    ("cores", "load", "expected"),
+    [(2, 0.0, 2), (2, 1.4, 2), (2, 1.5, 1), (2, 3.0, 1), (8, 2.0, 7), (8, 0.0, 8), (1, 0.0, 1)],
+)
+def test_jobs_0_adds_a_process_per_core_the_load_leaves_idle(
+    cores: int, load: float, expected: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--jobs 0: a second process on a core the box is using anyway is only waited for (its
+    fork, its copied pages); an explicit --jobs N is taken as given whatever the load."""
+    from layerwatch.capture import cpus
+
+    monkeypatch.setattr(cpus, "cores", lambda: cores)
+    monkeypatch.setattr(cpus.os, "getloadavg", lambda: (load, load, load))
+    assert JobRunner(lambda *a, **k: None, None, jobs=0).jobs == expected
+    assert JobRunner(lambda *a, **k: None, None, jobs=2).jobs == 2

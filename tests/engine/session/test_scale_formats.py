@@ -77,6 +77,35 @@ def test_each_format_compared_in_windows_writes_the_whole_run_report(
     ).read_bytes()
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+def test_windows_cut_by_bytes_read_the_next_while_forked_children_compare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    """A window closes once its payloads reach ``WINDOW_BYTES`` (here: every token), and each
+    forked compare reads the next window meanwhile (``JobRunner.meanwhile``): same report."""
+    from layerwatch.engine.session import windowed
+    from layerwatch.engine.session.jobs import JobRunner
+
+    golden, target = DUMPS["msit-10-tokens"](tmp_path)
+    whole_run_report(golden, target, tmp_path / f"whole{suffix}")
+    monkeypatch.setattr(windowed, "WINDOW_BYTES", 1)
+    monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # too small to pay: forked anyway
+    forked: list[tuple[bool, bool]] = []  # (read-ahead set on entry, taken on exit)
+    real = JobRunner._run_forked
+
+    def spy(self: JobRunner, *args: object) -> object:
+        had = self.meanwhile is not None
+        out = real(self, *args)  # type: ignore[arg-type]
+        forked.append((had, self.meanwhile is None))
+        return out
+
+    monkeypatch.setattr(JobRunner, "_run_forked", spy)
+    out = tmp_path / f"windowed{suffix}"
+    assert main(["compare", str(golden), str(target), "-o", str(out), "--jobs", "2"]) in (0, 1)
+    assert len(forked) >= 9 and all(had and taken for had, taken in forked)
+    assert out.read_bytes() == (tmp_path / f"whole{suffix}").read_bytes()
+
+
 @pytest.mark.parametrize("fmt", ["msit", "atb", "msprobe"])
 def test_memory_grows_by_far_less_a_pair_than_a_whole_run_session(tmp_path: Path, fmt: str) -> None:
     """Peak RSS of ``compare`` at 6 k and 18 k pairs: the growth over the extra pairs, a pair,
