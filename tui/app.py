@@ -19,7 +19,7 @@ from layerwatch.engine.seam import CasesView, ComparisonSource
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
-from . import keys
+from . import keys, strips
 from .grid_model import GridModel
 from .screens.main import MainScreen
 from .state import RunState
@@ -59,6 +59,7 @@ class LayerwatchApp(App[int]):
         color_system: str | None = None,
         cases: CasesView | None = None,
     ) -> None:
+        strips.install()  # every strip of the app builds only the caches it uses
         super().__init__()
         keep_process_pools_working()
         self._color_system = color_system

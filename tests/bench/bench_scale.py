@@ -550,11 +550,17 @@ def time_open(golden: Path) -> tuple[int, float]:
     return len(update.tensors), time.perf_counter() - start
 
 
-def tui_child(golden: Path, target: Path, seconds: float) -> None:
+COLD_REPAINTS = 60
+"""Cold repaints a run once loaded: with 20 the p95 was the largest one."""
+
+
+def tui_child(golden: Path, target: Path, seconds: float, colds: int = COLD_REPAINTS) -> None:
     """In a fresh process: the TUI (headless ``run_test``, 200×50) over ``open`` of the two
     dumps — the live session, settling tokens as it reads them. Prints one ``@@TUI`` line of
-    JSON: load time, frame and key→frame figures while loading and once loaded, RSS."""
+    JSON: load time, frame and key→frame figures while loading and once loaded, ``colds``
+    cold repaints (wall, UI-thread CPU, the collector's share), RSS."""
     import asyncio
+    import gc
     import json
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -588,7 +594,14 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
             load_avg = os.getloadavg()[0]
             await pilot.pause(1.0)  # the last batches drained into the grid
             cold_cpu: list[float] = []
-            colds = [cold_repaint(app, cold_cpu) for _ in range(20)]
+            collecting: list[float] = []
+
+            def timed_gc(phase: str, info: dict[str, int]) -> None:
+                collecting.append(time.thread_time() * (1 if phase == "stop" else -1))
+
+            gc.callbacks.append(timed_gc)
+            cold_walls = [cold_repaint(app, cold_cpu) for _ in range(colds)]
+            gc.callbacks.remove(timed_gc)
             probe.frames.clear()
             keys = await key_latencies(app, probe, 30, near_tail=False)
             frames = list(probe.frames)
@@ -606,8 +619,10 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
             "start_rss_mb": start_rss,
             "rss_mb": rss,
             "peak_rss_mb": peak,
-            "cold_repaint": colds,
+            "cold_repaint": cold_walls,
             "cold_repaint_cpu": cold_cpu,
+            "cold_gc_s": sum(collecting) if len(collecting) % 2 == 0 else 0.0,
+            "cold_gc_runs": len(collecting) // 2,
             "frames": frames,
             "keys": keys,
             "loading_frames": loading_frames,
@@ -618,7 +633,9 @@ def tui_child(golden: Path, target: Path, seconds: float) -> None:
     print("@@TUI" + json.dumps(asyncio.run(run())), flush=True)
 
 
-def tui_figures(work: Path, pairs: int, tensors: int = 2000, seconds: float = 5.0) -> dict:
+def tui_figures(
+    work: Path, pairs: int, tensors: int = 2000, seconds: float = 5.0, colds: int = COLD_REPAINTS
+) -> dict:
     """The TUI over a real ``open`` session of about ``pairs`` pairs, in a fresh process."""
     import json
 
@@ -627,6 +644,7 @@ def tui_figures(work: Path, pairs: int, tensors: int = 2000, seconds: float = 5.
     golden, target, _ = make_pair(work, tokens, tensors)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, __file__, "--tui-child", str(golden), str(target), str(seconds)]
+    cmd.append(str(colds))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("@@TUI")), None)
     if line is None:
@@ -743,8 +761,8 @@ def session_table(work: Path, sizes: list[int], tensors: int, suffix: str, ram: 
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--tui-child":
-        tui_child(Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--tui-child":
+        tui_child(Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, nargs="*", default=[100_000, 1_000_000])
@@ -763,6 +781,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--tui", type=int, nargs="*", default=[], help="TUI figures over `open` of these pairs"
+    )
+    parser.add_argument(
+        "--cold", type=int, default=COLD_REPAINTS, help="--tui: cold repaints a run once loaded"
     )
     parser.add_argument(
         "--spill",
@@ -840,12 +861,14 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_tui import summary_ms as _ms
     for pairs in args.tui:
-        t = tui_figures(args.work, pairs, args.tensors)
+        t = tui_figures(args.work, pairs, args.tensors, colds=args.cold)
         print(
             f"TUI over open, {t['pairs']:,} pairs ({t['tokens']} tokens): loaded in "
             f"{t['loaded_s']:.1f} s ({t['load_cpu_s']:.1f} s CPU, load average "
             f"{t['load_avg']:.1f}); cold repaint {_ms(t['cold_repaint'])} (UI-thread CPU "
-            f"{_ms(t['cold_repaint_cpu'])}); frame {_ms(t['frames'])};"
+            f"{_ms(t['cold_repaint_cpu'])}, of it collecting "
+            f"{1000 * t['cold_gc_s'] / max(len(t['cold_repaint']), 1):.2f} ms a repaint in "
+            f"{t['cold_gc_runs']} collections); frame {_ms(t['frames'])};"
             f" key→frame {_ms(t['keys'])}; while loading: frame {_ms(t['loading_frames'])}, "
             f"key→frame {_ms(t['loading_keys'])} ({t['loading_lost']} with no frame in 2 s); RSS {t['rss_mb']:.0f} MB, peak "
             f"{t['peak_rss_mb']:.0f} MB (start {t['start_rss_mb']:.0f} MB)",
