@@ -16,7 +16,7 @@ windows in token order:
   takes its margin from the window that holds the step before and sums what was not compared;
 - counts and notes: summed / kept once, in order.
 
-A window closes at :data:`WINDOW_TENSORS` golden tensors or :data:`WINDOW_BYTES` of payload;
+A window closes at :data:`WINDOW_TENSORS` golden tensors or :data:`WINDOW_PAYLOAD` of payload;
 when forked children compare it (``JobRunner.meanwhile``), this process reads the next window
 meanwhile, so the headers of later tokens are parsed beside the comparing, not after it.
 Each window is a fresh session sharing one pairer (its weight match is computed once) and one
@@ -48,7 +48,7 @@ SIDES = ("golden", "target")
 WINDOW_TENSORS = 2_048
 """Tensors of the golden side in one window (whole tokens; one token may be more): ~60 MB of
 records and results while the window is compared, freed after."""
-WINDOW_BYTES = 256 << 20
+WINDOW_PAYLOAD = 256 << 20
 """... or fewer once their payloads (both sides) hold this many bytes: such a window is worth
 comparing in forked processes while this one reads the next (msit's layout puts the prompt's
 tensors, most of a run's bytes, in token 0: bench case (a)'s token 0 holds 464 of its 490 MB)."""
@@ -132,11 +132,11 @@ def windows(
         while ready:
             # A side read whole (or a big chunk) leaves many tokens ready: a window at a time.
             size = payload = take = 0
-            while take < len(ready) and size < window and payload < WINDOW_BYTES:
+            while take < len(ready) and size < window and payload < WINDOW_PAYLOAD:
                 size += max(len(s.buffered.get(ready[take], ())) for s in sides.values())
                 payload += sum(s.nbytes.get(ready[take], 0) for s in sides.values())
                 take += 1
-            if size < window and payload < WINDOW_BYTES and not finished:
+            if size < window and payload < WINDOW_PAYLOAD and not finished:
                 break
             chosen, ready = ready[:take], ready[take:]
             out = {}

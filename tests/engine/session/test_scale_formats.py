@@ -81,14 +81,14 @@ def test_each_format_compared_in_windows_writes_the_whole_run_report(
 def test_windows_cut_by_bytes_read_the_next_while_forked_children_compare(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
 ) -> None:
-    """A window closes once its payloads reach ``WINDOW_BYTES`` (here: every token), and each
+    """A window closes once its payloads reach ``WINDOW_PAYLOAD`` (here: every token), and each
     forked compare reads the next window meanwhile (``JobRunner.meanwhile``): same report."""
     from layerwatch.engine.session import windowed
     from layerwatch.engine.session.jobs import JobRunner
 
     golden, target = DUMPS["msit-10-tokens"](tmp_path)
     whole_run_report(golden, target, tmp_path / f"whole{suffix}")
-    monkeypatch.setattr(windowed, "WINDOW_BYTES", 1)
+    monkeypatch.setattr(windowed, "WINDOW_PAYLOAD", 1)
     monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # too small to pay: forked anyway
     forked: list[tuple[bool, bool]] = []  # (read-ahead set on entry, taken on exit)
     real = JobRunner._run_forked
