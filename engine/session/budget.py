@@ -36,8 +36,8 @@ SESSION_BYTES = 6_000
 WINDOW_BYTES = 160 << 20
 """One window's records and results while it is compared, and the interpreter's own growth;
 also the next window's records, read meanwhile when forked children compare this one
-(engine/session/windowed.py): +4 MB of peak RSS at 1 M small pairs (bench_scale, 78 against
-74 MB for the build that read no window ahead)."""
+(engine/session/windowed.py): peak RSS at 1 M small pairs 78 MB with it against 74 MB
+for the build before it (bench_scale, one run each at load ~1)."""
 TOKEN_BYTES = 2_048
 """A token in a windowed compare: its input ids, its data files' paths."""
 
