@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -217,6 +218,35 @@ class JobRunner:
         while the children compare. Cleared by the call; never called on any other path."""
         self._pool: Executor | None = None
         self._pool_failed = False
+
+    def stays_inline(self, golden: Sequence[TensorRecord], target: Sequence[TensorRecord]) -> bool:
+        """Whether :meth:`run` would compare these records' pairs in this process alone (their
+        estimated cost below :attr:`MIN_PARALLEL_COST`, each golden record taken as a pair):
+        the windowed compare then compares such a window while forked children compare the
+        one before (``session/windowed.py``)."""
+        from layerwatch.engine.numerics import fused
+        from layerwatch.engine.numerics.segments import SMALL
+
+        if self.jobs <= 1:
+            return True
+        cost = 0.0
+        for record in golden:
+            if record.loc is not None:
+                small = 0 < math.prod(record.shape) <= SMALL
+                cost += SMALL_PAIR_COST if small else PAIR_COST
+        nbytes = sum(_nbytes(r) for r in golden) + sum(_nbytes(r) for r in target)
+        cost += (FUSED_BYTE_COST if fused.loaded() else BYTE_COST) * nbytes
+        return cost < self.MIN_PARALLEL_COST
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Everything run inside stays in this process (``jobs`` 1): a window compared while
+        forked children, started from this process, compare the one before."""
+        jobs, self.jobs = self.jobs, 1
+        try:
+            yield
+        finally:
+            self.jobs = jobs
 
     def plan(
         self, work: Sequence[Work], costs: Sequence[float] | None = None
