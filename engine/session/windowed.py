@@ -18,7 +18,9 @@ windows in token order:
 
 A window closes at :data:`WINDOW_TENSORS` golden tensors or :data:`WINDOW_PAYLOAD` of payload;
 when forked children compare it (``JobRunner.meanwhile``), this process reads the next window
-meanwhile, so the headers of later tokens are parsed beside the comparing, not after it.
+meanwhile, so the headers of later tokens are parsed beside the comparing, not after it; a next
+window small enough to stay in this process (``JobRunner.stays_inline``) is compared there too,
+its rows written after this window's.
 Each window is a fresh session sharing one pairer (its weight match is computed once) and one
 job runner (one process pool). Its rows go to the report stream as the window completes, the
 merged findings and counts take what they need; then the window's records and results are dropped
