@@ -224,18 +224,14 @@ class JobRunner:
         estimated cost below :attr:`MIN_PARALLEL_COST`, each golden record taken as a pair):
         the windowed compare then compares such a window while forked children compare the
         one before (``session/windowed.py``)."""
-        from layerwatch.engine.numerics import fused
         from layerwatch.engine.numerics.segments import SMALL
 
         if self.jobs <= 1:
             return True
-        cost = 0.0
-        for record in golden:
-            if record.loc is not None:
-                small = 0 < math.prod(record.shape) <= SMALL
-                cost += SMALL_PAIR_COST if small else PAIR_COST
+        paired = [r for r in golden if r.loc is not None]
+        small = sum(1 for r in paired if 0 < math.prod(r.shape) <= SMALL)
         nbytes = sum(_nbytes(r) for r in golden) + sum(_nbytes(r) for r in target)
-        cost += (FUSED_BYTE_COST if fused.loaded() else BYTE_COST) * nbytes
+        cost = _estimate(small, len(paired) - small, nbytes)
         return cost < self.MIN_PARALLEL_COST
 
     @contextmanager
@@ -478,10 +474,17 @@ def auto_jobs() -> int:
 
 def _cost(work: Work) -> float:
     """Estimated seconds to compare one pair (for the decision and for balancing shares)."""
+    small = 1 if _small_elements(work) else 0
+    return _estimate(small, 1 - small, work.nbytes)
+
+
+def _estimate(small: int, large: int, nbytes: int) -> float:
+    """Estimated seconds to compare ``small`` + ``large`` pairs of ``nbytes`` payload (both
+    sides): the one cost model of :func:`_cost` and :meth:`JobRunner.stays_inline`."""
     from layerwatch.engine.numerics import fused
 
-    per_pair = SMALL_PAIR_COST if _small_elements(work) else PAIR_COST
-    return per_pair + (FUSED_BYTE_COST if fused.loaded() else BYTE_COST) * work.nbytes
+    per_byte = FUSED_BYTE_COST if fused.loaded() else BYTE_COST
+    return small * SMALL_PAIR_COST + large * PAIR_COST + per_byte * nbytes
 
 
 def _small_elements(work: Work) -> int:
