@@ -11,10 +11,6 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from layerwatch.tui.dataclass_cache import MethodCache
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -515,19 +511,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if getattr(args, "cmd", None) and args.cmd[0] == "--":
         args.cmd = args.cmd[1:]
-    cache = None
+    save = None
     if argv is None:  # a process of its own: compiled dataclass methods from earlier runs
         from layerwatch.tui import dataclass_cache
 
-        cache = dataclass_cache.install(dataclass_cache.default_path(args.command))
+        save = dataclass_cache.install(dataclass_cache.default_path(args.command)).save
     try:
-        return _run(args, argv, cache)
+        return _run(args, argv, save)
     finally:
-        if cache is not None:
-            cache.save()
+        if save is not None:
+            save()
 
 
-def _run(args: argparse.Namespace, argv: Sequence[str] | None, cache: MethodCache | None) -> int:
+def _run(
+    args: argparse.Namespace, argv: Sequence[str] | None, save: Callable[[], None] | None
+) -> int:
+    """Run the parsed command; ``save`` keeps the compiled dataclass methods (called before
+    the quick exit, which skips ``main``'s ``finally``)."""
     from layerwatch.capture.errors import LayerwatchError
 
     handler = _HANDLERS[args.command]
@@ -538,8 +538,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, cache: MethodCach
     try:
         code = _load(handler)(args)
         if argv is None and args.command in _QUICK_EXIT and not getattr(args, "ray", None):
-            if cache is not None:
-                cache.save()
+            if save is not None:
+                save()
             _quick_exit(code)
         return code
     except LayerwatchError as exc:
