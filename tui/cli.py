@@ -511,6 +511,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if getattr(args, "cmd", None) and args.cmd[0] == "--":
         args.cmd = args.cmd[1:]
+    save = None
+    if argv is None:  # a process of its own: compiled dataclass methods from earlier runs
+        from layerwatch.tui import dataclass_cache
+
+        save = dataclass_cache.install(dataclass_cache.default_path(args.command)).save
+    try:
+        return _run(args, argv, save)
+    finally:
+        if save is not None:
+            save()
+
+
+def _run(
+    args: argparse.Namespace, argv: Sequence[str] | None, save: Callable[[], None] | None
+) -> int:
+    """Run the parsed command; ``save`` keeps the compiled dataclass methods (called before
+    the quick exit, which skips ``main``'s ``finally``)."""
     from layerwatch.capture.errors import LayerwatchError
 
     handler = _HANDLERS[args.command]
@@ -521,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = _load(handler)(args)
         if argv is None and args.command in _QUICK_EXIT and not getattr(args, "ray", None):
+            if save is not None:
+                save()
             _quick_exit(code)
         return code
     except LayerwatchError as exc:
