@@ -140,6 +140,8 @@ def register_hook(
     writer = _make_writer(model, config, device, ranks)
     recorder = Recorder(config, writer.queue, lambda exc: writer.fail(exc, "a capture hook"))
     writer.on_failure.append(recorder.stop)
+    if writer.takes_records:
+        recorder.use_records()
     if device.type == "cuda":
         from .handoff import StreamEvent
 
@@ -252,9 +254,10 @@ class ForwardWrap:
                 post(module, args, out)
                 return out
 
-        forward.__wrapped__ = inner  # type: ignore[attr-defined]  # inspect.signature sees the module's
+        # inspect.signature(module.forward) still sees the module's own signature
+        forward.__wrapped__ = inner  # type: ignore[attr-defined]
         self.wrapper = forward
-        module.forward = forward  # type: ignore[method-assign]
+        module.forward = forward
 
     def remove(self) -> None:
         module = self.module
@@ -262,7 +265,7 @@ class ForwardWrap:
             if self.previous is _NOT_SET:
                 del module.forward
             else:
-                module.forward = self.previous  # type: ignore[method-assign]
+                module.forward = self.previous
 
 
 class _Restore:
