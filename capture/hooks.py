@@ -4,7 +4,8 @@
   script that never calls ``close()``, as msit scripts do not, still ends with a complete
   dump): two models, two handles, two independent runs; ``remove()`` really removes.
 * Inputs are taken in a forward *pre*-hook (with keyword arguments), outputs in the forward
-  hook; every tensor is copied at once (``capture/recorder.py``) and written by a background
+  hook (for a module with no hook of its own, both run from one wrapper of its ``forward``,
+  :class:`ForwardWrap`, which keeps torch's fast call path); every tensor is copied at once (``capture/recorder.py``) and written by a background
   thread (``capture/writer.py`` or ``capture/msit_writer.py``); for host models, once a run
   is long, the thread hands the run over to a writer process off the model's GIL
   (``capture/writer_process.py``).

@@ -401,8 +401,33 @@ class Recorder:
         return (self.token, node, stem, type_, data, name, seq, data.nbytes)
 
     def _records(self, pairs: list[tuple[str, Tensor]], node: str, type_: str) -> list[Any]:
-        """:meth:`capture` as :data:`Record` tuples (``records`` mode)."""
-        return [self._record_one(stem, t, node, type_) for stem, t in pairs]
+        """:meth:`capture` as :data:`Record` tuples (``records`` mode; the loop inlined)."""
+        out: list[Any] = []
+        token = self.token
+        seen = self.seen
+        names = DTYPE_NAMES
+        for stem, t in pairs:
+            key = id(t)
+            try:
+                version = t._version
+            except RuntimeError:
+                version = None
+            hit = seen.get(key)
+            if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
+                out.append((token, node, stem, type_, None, None, hit[2], 0))
+                continue
+            dtype = t.dtype
+            try:
+                data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
+            except (RuntimeError, TypeError):
+                data = copy_tensor(t)
+            seq = self.seq
+            self.seq = seq + 1
+            if version is not None:
+                seen[key] = (weakref.ref(t), version, seq)
+            name = names.get(dtype) or dtype_name(dtype)
+            out.append((token, node, stem, type_, data, name, seq, data.nbytes))
+        return out
 
     def fail(self, exc: BaseException) -> None:
         self.stop()
