@@ -4,7 +4,8 @@
   script that never calls ``close()``, as msit scripts do not, still ends with a complete
   dump): two models, two handles, two independent runs; ``remove()`` really removes.
 * Inputs are taken in a forward *pre*-hook (with keyword arguments), outputs in the forward
-  hook; every tensor is copied at once (``capture/recorder.py``) and written by a background
+  hook (for a module with no hook of its own, both run from one wrapper of its ``forward``,
+  :class:`ForwardWrap`, which keeps torch's fast call path); every tensor is copied at once (``capture/recorder.py``) and written by a background
   thread (``capture/writer.py`` or ``capture/msit_writer.py``); for host models, once a run
   is long, the thread hands the run over to a writer process off the model's GIL
   (``capture/writer_process.py``).
@@ -140,6 +141,8 @@ def register_hook(
     writer = _make_writer(model, config, device, ranks)
     recorder = Recorder(config, writer.queue, lambda exc: writer.fail(exc, "a capture hook"))
     writer.on_failure.append(recorder.stop)
+    if writer.takes_records:
+        recorder.use_records()
     if device.type == "cuda":
         from .handoff import StreamEvent
 
@@ -155,18 +158,16 @@ def register_hook(
         has_pre = selected and config.want_inputs
         want_out = selected and config.tensor_part in (1, 2)
         is_leaf = next(module.children(), None) is None
-        if has_pre:
-            hooks.append(
-                module.register_forward_pre_hook(
-                    partial(recorder.pre, name, type_), with_kwargs=True
-                )
-            )
-            root_inputs = root_inputs or module is model
-        hooks.append(
-            module.register_forward_hook(
-                partial(recorder.post, name, type_, has_pre, want_out, is_leaf)
-            )
-        )
+        pre = partial(recorder.pre, name, type_) if has_pre else None
+        post = partial(recorder.post, name, type_, has_pre, want_out, is_leaf)
+        if module is model or module._forward_hooks or module._forward_pre_hooks:
+            # the root's own hooks, and a user's, keep their order against ours: torch's hooks
+            if pre is not None:
+                hooks.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+                root_inputs = root_inputs or module is model
+            hooks.append(module.register_forward_hook(post))
+        else:
+            hooks.append(ForwardWrap(module, pre, post))
     hooks.append(
         model.register_forward_hook(recorder.root_post, with_kwargs=True, always_call=True)
     )
@@ -216,6 +217,56 @@ def model_device(model: torch.nn.Module) -> torch.device:
 def device_label(device: torch.device) -> str:
     """``cpu`` / ``cuda0`` / ``npu3``: msit's rank directory prefix."""
     return device.type if device.index is None else f"{device.type}{device.index}"
+
+
+_NOT_SET = object()
+
+
+class ForwardWrap:
+    """Our two hooks of one module as one wrapper of its ``forward`` (an instance attribute).
+
+    A module with no hook of its own takes torch's fast path (``Module._call_impl`` calls
+    ``self.forward`` directly when no hook dict holds anything), so a wrapper there skips the
+    hook dispatch that two torch hooks cost each call (~0.24 s of the model thread's CPU on the
+    512-token tiny-Llama run, ``tests/bench/bench_dump.py``). Only for modules without hooks at
+    registration (``register_hook``): a user's hooks keep running in torch's order around ours.
+    ``remove()`` puts back exactly what was there (the class's ``forward`` or an instance
+    attribute set before us); if something wrapped ``forward`` over ours since, ours stays in
+    its chain, inert: the recorder is stopped or past its last token by then.
+    """
+
+    __slots__ = ("module", "previous", "wrapper")
+
+    def __init__(self, module: torch.nn.Module, pre: Any, post: Any) -> None:
+        self.module = module
+        self.previous = vars(module).get("forward", _NOT_SET)
+        inner = module.forward
+        if pre is None:
+
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                out = inner(*args, **kwargs)
+                post(module, args, out)
+                return out
+        else:
+
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                pre(module, args, kwargs)
+                out = inner(*args, **kwargs)
+                post(module, args, out)
+                return out
+
+        # inspect.signature(module.forward) still sees the module's own signature
+        forward.__wrapped__ = inner  # type: ignore[attr-defined]
+        self.wrapper = forward
+        module.forward = forward
+
+    def remove(self) -> None:
+        module = self.module
+        if vars(module).get("forward") is self.wrapper:
+            if self.previous is _NOT_SET:
+                del module.forward
+            else:
+                module.forward = self.previous
 
 
 class _Restore:

@@ -143,11 +143,7 @@ def _record(rec: Any, label: str, tensor: torch.Tensor) -> None:
         order = rec.order
         rec.order = order + 1
         rec.last_order = order
-        item.order = order
-        rec.batch.append(item)
-        rec.batch_bytes += item.nbytes
-        if rec.batch_bytes >= rec.local_bytes:
-            rec.hand_over(urgent=False)
+        rec.emit(order, [item])
     except Exception as exc:  # capture stops, the model goes on (the hooks' policy)
         rec.fail(exc)
 

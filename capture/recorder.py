@@ -22,6 +22,7 @@ from .config import DumpConfig
 from .copies import HOST_NUMPY, copy_tensor
 from .flatten import first_int_tensor, flatten_inputs, flatten_output
 from .handoff import ByteQueue, TensorItem, TokenItem, TopologyItem
+from .safetensors_file import DTYPE_NAMES, dtype_name
 
 Tensor = torch.Tensor
 
@@ -29,6 +30,14 @@ Tensor = torch.Tensor
 LOCAL_BYTES = 4 << 20
 """Items are handed to the writer queue in groups of about this many bytes (or at token end)."""
 LOCAL_ITEMS = 1024
+
+Record = tuple[int, str, str, str, Any, "str | None", int, int]
+"""A captured tensor as the writer process's path takes it (:attr:`Recorder.records`):
+``(token, node, stem, node_type, copy, dtype name, seq, nbytes)``; an alias has no copy and no
+dtype name, and ``seq`` is its source's (a fresh copy's own number, unique in the run). The
+model thread builds a tuple (~0.07 us) instead of a :class:`TensorItem` (~0.7 us), and the
+writer thread makes items only of the batches it writes itself (``capture/writer_process.py``).
+A module call's records go to the queue as one group ``(order, [records])``."""
 
 
 def _version(t: Tensor) -> int | None:
@@ -58,7 +67,8 @@ class Recorder:
         self.depth = 0
         self.order = 0
         self.last_order = -1
-        self.seen: dict[int, tuple[Any, int, TensorItem]] = {}
+        self.seen: dict[int, tuple[Any, int, Any]] = {}
+        """``id`` -> (weak reference, version, the item or, for records, its ``seq``)."""
         self.calls: dict[str, int] = {}
         self.frames: list[tuple[Any, str, list[TensorItem]]] = []
         """Inputs taken by pre-hooks, waiting for their module's forward hook (call nesting)."""
@@ -78,6 +88,19 @@ class Recorder:
         """Called once after the last selected token (``register_hook`` removes module hooks)."""
         self.stream_event: Any = None
         """For CUDA models: makes a ``StreamEvent`` recorded on the model thread's stream."""
+        self.records = False
+        """Capture as :data:`Record` tuples in ``(order, records)`` groups (the writer process's
+        writer asks for them: ``capture/writer_process.py``), not :class:`TensorItem` objects."""
+        self.seq = 0
+        """The next fresh copy's number (records only)."""
+        self.batch_count = 0
+        """Tensors in :attr:`batch` (records only: a group holds several)."""
+
+    def use_records(self) -> None:
+        """Capture as :data:`Record` tuples from now on (before the first token)."""
+        self.records = True
+        self.capture_one = self._record_one  # type: ignore[method-assign,assignment]
+        self.capture = self._records  # type: ignore[method-assign]
 
     def stop(self, _reason: object = None) -> None:
         self.stopped = True
@@ -135,28 +158,25 @@ class Recorder:
             self.after_last()  # no later token is selected: drop the per-module hooks
             self.after_last = None
         try:
-            items: list[Any] = []
             if self.late_root is not None:
                 type_, want_inputs = self.late_root
                 self.late_root = None
                 ids = first_int_tensor(args, kwargs)
-                items.append(
-                    TokenItem(
-                        self.token, None if ids is None else ids.detach().to("cpu", copy=True)
-                    )
+                token = TokenItem(
+                    self.token, None if ids is None else ids.detach().to("cpu", copy=True)
                 )
+                self.batch.append(token)
+                self.batch_bytes += token.nbytes
                 if want_inputs:
-                    for it in self.capture(flatten_inputs(args, kwargs), "root", type_):
-                        it.order = self.last_order
-                        items.append(it)
+                    found = self.capture(flatten_inputs(args, kwargs), "root", type_)
+                    if found:
+                        self.emit(self.last_order, found)
             if self.leaf is not None:
-                items.append(self._logits_item())
+                self.emit_logits()
             if self.order_map is not None:
-                items.append(TopologyItem(self.order_map))
+                self.batch.append(TopologyItem(self.order_map))
                 self.order_map = None
                 self.topology_sent = True
-            self.batch.extend(items)
-            self.batch_bytes += sum(it.nbytes for it in items)
             # Not urgent: the writer's timer writes it within flush_interval (the live view's
             # latency budget); waking the writer at every token costs more than it gains.
             self.hand_over(urgent=False)
@@ -168,7 +188,7 @@ class Recorder:
     def hand_over(self, urgent: bool) -> None:
         """Put the pending group into the writer queue (may wait: back-pressure)."""
         batch, nbytes = self.batch, self.batch_bytes
-        self.batch, self.batch_bytes = [], 0
+        self.batch, self.batch_bytes, self.batch_count = [], 0, 0
         if self.stream_event is not None and batch:
             batch.append(self.stream_event())  # device copies are complete once this fires
         if batch or urgent:
@@ -260,16 +280,27 @@ class Recorder:
             ):
                 self.leaf = (node, type_, output, _version(output), order)
             if items:
-                nbytes = self.batch_bytes
-                for it in items:
-                    it.order = order
-                    nbytes += it.nbytes
-                self.batch.extend(items)
-                self.batch_bytes = nbytes
-                if nbytes >= self.local_bytes or len(self.batch) >= LOCAL_ITEMS:
-                    self.hand_over(urgent=False)
+                self.emit(order, items)
         except Exception as exc:
             self.fail(exc)
+
+    def emit(self, order: int, items: list[Any]) -> None:
+        """Add one node's captured tensors (completion ``order``) to the pending group."""
+        nbytes = self.batch_bytes
+        if self.records:
+            for rec in items:
+                nbytes += rec[7]
+            self.batch.append((order, items))
+            count = self.batch_count = self.batch_count + len(items)
+        else:
+            for it in items:
+                it.order = order
+                nbytes += it.nbytes
+            self.batch.extend(items)
+            count = len(self.batch)
+        self.batch_bytes = nbytes
+        if nbytes >= self.local_bytes or count >= LOCAL_ITEMS:
+            self.hand_over(urgent=False)
 
     def _frame(self, module: Any, name: str) -> tuple[str, list[TensorItem]]:
         frames = self.frames
@@ -325,7 +356,7 @@ class Recorder:
             out.append(item)
         return out
 
-    def _logits_item(self) -> TensorItem:
+    def emit_logits(self) -> None:
         node, type_, t, version, order = self.leaf  # type: ignore[misc]
         self.leaf = None
         if version is not None and _version(t) != version and "logits" not in self.warned:
@@ -335,9 +366,68 @@ class Recorder:
                 "dumping their final values",
                 file=sys.stderr,
             )
-        item = TensorItem(self.token, node, "output", copy_tensor(t), type_, None, t.dtype)
-        item.order = order
-        return item
+        data = copy_tensor(t)
+        if self.records:
+            self.emit(order, [self._fresh(node, "output", type_, data, t.dtype)])
+        else:
+            self.emit(order, [TensorItem(self.token, node, "output", data, type_, None, t.dtype)])
+
+    def _fresh(self, node: str, stem: str, type_: str, data: Any, dtype: Any) -> Record:
+        seq = self.seq
+        self.seq = seq + 1
+        name = DTYPE_NAMES.get(dtype) or dtype_name(dtype)
+        return (self.token, node, stem, type_, data, name, seq, data.nbytes)
+
+    def _record_one(self, stem: str, t: Tensor, node: str, type_: str) -> Record:
+        """:meth:`capture_one` as a :data:`Record` (``records`` mode)."""
+        key = id(t)
+        try:
+            version = t._version
+        except RuntimeError:
+            version = None
+        hit = self.seen.get(key)
+        if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
+            return (self.token, node, stem, type_, None, None, hit[2], 0)
+        dtype = t.dtype
+        try:
+            data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
+        except (RuntimeError, TypeError):
+            data = copy_tensor(t)
+        seq = self.seq
+        self.seq = seq + 1
+        if version is not None:
+            self.seen[key] = (weakref.ref(t), version, seq)
+        name = DTYPE_NAMES.get(dtype) or dtype_name(dtype)
+        return (self.token, node, stem, type_, data, name, seq, data.nbytes)
+
+    def _records(self, pairs: list[tuple[str, Tensor]], node: str, type_: str) -> list[Any]:
+        """:meth:`capture` as :data:`Record` tuples (``records`` mode; the loop inlined)."""
+        out: list[Any] = []
+        token = self.token
+        seen = self.seen
+        names = DTYPE_NAMES
+        for stem, t in pairs:
+            key = id(t)
+            try:
+                version = t._version
+            except RuntimeError:
+                version = None
+            hit = seen.get(key)
+            if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
+                out.append((token, node, stem, type_, None, None, hit[2], 0))
+                continue
+            dtype = t.dtype
+            try:
+                data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
+            except (RuntimeError, TypeError):
+                data = copy_tensor(t)
+            seq = self.seq
+            self.seq = seq + 1
+            if version is not None:
+                seen[key] = (weakref.ref(t), version, seq)
+            name = names.get(dtype) or dtype_name(dtype)
+            out.append((token, node, stem, type_, data, name, seq, data.nbytes))
+        return out
 
     def fail(self, exc: BaseException) -> None:
         self.stop()

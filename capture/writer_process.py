@@ -61,7 +61,7 @@ from .cpus import second_core
 from .handoff import LineItem, Placeholder, TensorItem, TokenItem, TopologyItem
 from .index_lines import tail_text
 from .keep import TokenRing
-from .safetensors_file import DTYPE_NAMES, _writev_all, dtype_name, joined
+from .safetensors_file import _writev_all, joined
 from .stats import SMALL, batch_stats
 from .writer import LayerwatchWriter
 from .writer_thread import FAILURE_TAIL, describe_failure
@@ -126,7 +126,11 @@ class ProcessWriter(LayerwatchWriter):
         self._proc: subprocess.Popen[bytes] | None = None
         self._acks: IO[bytes] | None = None
         self._up = False
-        self._next_seq = 0
+        self._by_seq: dict[int, TensorItem] = {}
+        """This token's items made here (by the hooks' ``seq``): an alias finds its source."""
+        self._token = -1
+
+    takes_records = True
 
     # --- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -247,16 +251,57 @@ class ProcessWriter(LayerwatchWriter):
     # --- batches --------------------------------------------------------------------------
     def write_items(self, items: list[Any]) -> None:
         if not self._hand_over():
-            self.items_here += len(items)
-            super().write_items(items)
+            made = self._items(items)
+            self.items_here += len(made)
+            try:
+                super().write_items(made)
+            finally:
+                for it in made:  # the loop only sees the groups: drop the copies now
+                    if type(it) is TensorItem:
+                        it.tensor = None
+                _drop_copies(items)
             return
         records, payload = self._pack(items)
+        _drop_copies(items)
         try:
             self._send(b"B", pickle.dumps(records, protocol=5), payload)
         except BrokenPipeError:  # it is gone: say how it ended, not "broken pipe"
             self._gone()
             return
         self._expect_ok()
+
+    def _items(self, entries: list[Any]) -> list[Any]:
+        """Items of the hooks' groups, for the batches this thread writes: an alias points
+        at its source's item, made empty first if the source comes later (an outer module's
+        input) and filled when it comes, as the writer process's :class:`_Rebuilder` does."""
+        out: list[Any] = []
+        add = out.append
+        by_seq = self._by_seq
+        for entry in entries:
+            if type(entry) is not tuple:
+                add(entry)
+                continue
+            order, recs = entry
+            for token, node, stem, type_, data, name, seq, _ in recs:
+                if token != self._token:  # aliases never reach back past their token
+                    self._token = token
+                    by_seq.clear()
+                if data is None:
+                    src = by_seq.get(seq)
+                    if src is None:
+                        src = by_seq[seq] = TensorItem(token, node, stem, None, type_)
+                        src.seq = seq
+                    it = TensorItem(token, node, stem, None, type_, src)
+                else:
+                    it = by_seq.get(seq)  # type: ignore[assignment]
+                    if it is None:
+                        it = by_seq[seq] = TensorItem(token, node, stem, data, type_, None, name)
+                    else:  # an alias came first: fill the item it points at
+                        it.__init__(token, node, stem, data, type_, None, name)  # type: ignore[misc]
+                    it.seq = seq
+                it.order = order
+                add(it)
+        return out
 
     def _pack_deferred(self) -> list[Any]:
         """Records of the aliases this thread holds back (their source comes later): the
@@ -265,58 +310,49 @@ class ProcessWriter(LayerwatchWriter):
         for it in self.deferred:
             src = it.alias
             assert src is not None  # only aliases are deferred
-            if src.seq < 0:
-                src.seq = self._next_seq
-                self._next_seq += 1
             records.append((_ALIAS, it.token, it.node, it.stem, it.node_type, it.order, src.seq))
         return records
 
     def _pack(self, items: list[Any]) -> tuple[list[Any], list[Any]]:
-        """Records of ``items`` (builtins and numpy dtypes only) and their payloads in order."""
+        """Records of the hooks' groups and other items (builtins and numpy dtypes only) and
+        their payloads in order."""
         records: list[Any] = []
         payload: list[Any] = []
         add = records.append
-        names = DTYPE_NAMES
         ndarray = np.ndarray
         large: list[tuple[int, np.ndarray]] = []
-        for it in items:
-            kind = type(it)
-            if kind is TensorItem:
-                src = it.alias
-                if src is None:
-                    seq = it.seq
-                    if seq < 0:
-                        seq = it.seq = self._next_seq
-                        self._next_seq += 1
-                    data = it.tensor
-                    name = names.get(it.dtype) or dtype_name(it.dtype)
-                    if type(data) is ndarray:
+        here = self._by_seq  # items this thread wrote before the hand-over, this token
+        for entry in items:
+            kind = type(entry)
+            if kind is tuple:
+                order, recs = entry
+                for token, node, stem, type_, data, name, seq, _ in recs:
+                    if data is None:
+                        src = here.get(seq) if here and token == self._token else None
+                        if src is not None and src.done:  # written by this thread
+                            tail = src.tail or tail_text(src)
+                            add((_WRITTEN, token, node, stem, type_, order, tail))
+                        else:  # its source is here, or still in an outer module's frame
+                            add((_ALIAS, token, node, stem, type_, order, seq))
+                    elif type(data) is ndarray:
                         size = data.size
                         if size >= SMALL:
                             large.append((len(records), data))
                         add(
-                            (_FRESH, it.token, it.node, it.stem, it.node_type, it.order, seq,
+                            (_FRESH, token, node, stem, type_, order, seq,
                              name, data.dtype, data.shape, size, None)
                         )  # fmt: skip
                         payload.append(data)
                     else:
-                        add(self._odd(it, seq, name, data, payload))
-                elif src.done:  # written by this thread before the hand-over
-                    tail = src.tail or tail_text(src)
-                    add((_WRITTEN, it.token, it.node, it.stem, it.node_type, it.order, tail))
-                else:
-                    seq = src.seq
-                    if seq < 0:  # its source is still in an outer module's frame
-                        seq = src.seq = self._next_seq
-                        self._next_seq += 1
-                    add((_ALIAS, it.token, it.node, it.stem, it.node_type, it.order, seq))
+                        head = (token, node, stem, type_, order, seq, name)
+                        add(self._odd(head, data, payload))
             elif kind is TokenItem:
-                ids = None if it.ids is None else it.ids.numpy()
-                add((_TOKEN, it.token, ids))
+                ids = None if entry.ids is None else entry.ids.numpy()
+                add((_TOKEN, entry.token, ids))
             elif kind is LineItem:
-                add((_LINE, it.obj))
+                add((_LINE, entry.obj))
             elif kind is TopologyItem:
-                add((_TOPOLOGY, it.order))
+                add((_TOPOLOGY, entry.order))
             else:
                 raise TypeError(f"the writer process cannot write a {kind.__name__}")
         if large and self.want_stats:
@@ -329,10 +365,10 @@ class ProcessWriter(LayerwatchWriter):
         return records, payload
 
     @staticmethod
-    def _odd(it: TensorItem, seq: int, name: str, data: Any, payload: list[Any]) -> tuple[Any, ...]:
+    def _odd(head: tuple[Any, ...], data: Any, payload: list[Any]) -> tuple[Any, ...]:
         """A fresh copy that is no numpy array: a :class:`Placeholder`, or a host tensor whose
-        dtype numpy cannot hold (sent as its bytes; rebuilt as a tensor over there)."""
-        head = (it.token, it.node, it.stem, it.node_type, it.order, seq, name)
+        dtype numpy cannot hold (sent as its bytes; rebuilt as a tensor over there). ``head``:
+        token, node, stem, node type, order, seq, dtype name."""
         if type(data) is Placeholder or data.is_complex() or data.device.type != "cpu":
             return (_FRESH, *head, None, tuple(data.shape), 0, None)
         import torch
@@ -424,6 +460,13 @@ class ProcessWriter(LayerwatchWriter):
         """A forked child holds copies of the pipes: close them, so that the writer process
         still sees the model process end (``capture/hooks.py``'s fork handler)."""
         self._close_pipes()
+
+
+def _drop_copies(entries: list[Any]) -> None:
+    """Let go of the copies in the hooks' groups once a batch is written or sent."""
+    for entry in entries:
+        if type(entry) is tuple:
+            entry[1].clear()
 
 
 def _as_tensor(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> Any:

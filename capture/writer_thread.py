@@ -26,6 +26,10 @@ _HOLDS_COPY = frozenset({TensorItem, WeightItem})
 class WriterThread:
     """Consumes a :class:`ByteQueue`; subclasses say how a batch of items lands on disk."""
 
+    takes_records = False
+    """The hooks queue ``(order, records)`` groups (``capture/recorder.py`` ``Record``), not
+    items: the writer process's writer, which makes items only of what it writes itself."""
+
     def __init__(self, config: DumpConfig, run_dir: Path) -> None:
         self.config = config
         self.run_dir = run_dir

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 
 import numpy as np
@@ -411,3 +412,63 @@ def test_complex_and_sparse_tensors_are_indexed_without_stopping_capture(tmp_pat
     assert torch.equal(
         lwdump.load(handle.run_dir, got[1, "root.rot", "output_0"]), torch.full((4,), 2.0)
     )
+
+
+class Twice(nn.Module):
+    """Calls its child twice and itself recursively once: wrapped calls nest and number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, *, depth=1, pair=False):
+        y = self.lin(self.lin(x))
+        if depth:
+            y = self(y, depth=depth - 1)["y"]
+        return {"y": y, "pair": (y, y + 1)} if not pair else (y, {"z": y * 2})
+
+
+class Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.twice = Twice()
+        self.hooked = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y, extra = self.twice(x, pair=True)
+        return self.hooked(y + extra["z"])
+
+
+def test_wrapped_forwards_take_kwargs_containers_recursion_and_are_restored_exactly(tmp_path):
+    torch.manual_seed(4)
+    model = Outer().eval()
+    own_forward = model.twice.lin.forward  # an instance attribute set before capture
+    model.twice.lin.forward = own_forward
+    seen = []
+    user = model.hooked.register_forward_hook(lambda m, a, out: seen.append(out.clone()) or out * 3)
+    x = torch.randn(2, 4)
+    expected = model(x)
+    signature = inspect.signature(model.twice.forward)
+    with register_hook(model, DumpConfig(dump_path=tmp_path)) as handle:
+        assert "forward" in vars(model.twice)  # wrapped: torch's fast path, no hook dicts
+        assert not model.twice._forward_hooks and not model.twice._forward_pre_hooks
+        assert len(model.hooked._forward_hooks) == 2  # the user's hook keeps torch's order
+        assert inspect.signature(model.twice.forward) == signature
+        got = model(x)
+    assert torch.equal(got, expected)
+    assert vars(model.twice.lin)["forward"] is own_forward and "forward" not in vars(model.twice)
+    assert next(iter(model.hooked._forward_hooks.values())).__name__ == "<lambda>"
+    assert len(model.hooked._forward_hooks) == 1 and not model.hooked._forward_pre_hooks
+    user.remove()
+    tensors = lwdump.tensors(handle.run_dir)
+    names = {(node, stem) for (_, node, stem) in tensors}
+    # outer call, then its recursive call (numbered in call order, like hooks)
+    assert {("root.twice", "output_0"), ("root.twice", "output_1_z")} <= names
+    assert {("root.twice#1", "output_y"), ("root.twice#1", "output_pair_1")} <= names
+    assert {("root.twice.lin", "input_0"), ("root.twice.lin#3", "output")} <= names
+    assert ("root.twice.lin#4", "output") not in names
+    run = handle.run_dir
+    inner = lwdump.load(run, tensors[0, "root.twice#1", "output_y"])
+    assert torch.equal(lwdump.load(run, tensors[0, "root.twice", "output_0"]), inner)
+    # torch's order kept: the user's hook, registered first, changed the output we capture
+    assert torch.equal(lwdump.load(run, tensors[0, "root.hooked", "output"]), seen[-1] * 3)
