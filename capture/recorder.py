@@ -47,6 +47,15 @@ def _version(t: Tensor) -> int | None:
         return None
 
 
+def _copy(t: Tensor) -> Any:
+    """A copy of ``t``'s data that outlives the step (copy_tensor's common case inline: a host
+    tensor numpy can hold; the general path for the rest: requires_grad, conjugate bits...)."""
+    try:
+        return t.numpy().copy() if t.dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
+    except (RuntimeError, TypeError):
+        return copy_tensor(t)
+
+
 class Recorder:
     """Per-capture state; its bound methods are the hooks ``register_hook`` installs."""
 
@@ -100,7 +109,6 @@ class Recorder:
         """Capture as :data:`Record` tuples from now on (before the first token)."""
         self.records = True
         self.capture_one = self._record_one  # type: ignore[method-assign,assignment]
-        self.capture = self._records  # type: ignore[method-assign]
 
     def stop(self, _reason: object = None) -> None:
         self.stopped = True
@@ -311,50 +319,31 @@ class Recorder:
                 return node, items
         return name, []
 
+    def _unchanged(self, t: Tensor) -> tuple[int | None, Any]:
+        """(``t``'s version counter, what captured it last when it has not changed since, else
+        None): one copy serves a tensor that several nodes pass on."""
+        version = _version(t)
+        if version is None:
+            return None, None
+        hit = self.seen.get(id(t))
+        if hit is not None and hit[1] == version and hit[0]() is t:
+            return version, hit[2]
+        return version, None
+
     def capture_one(self, stem: str, t: Tensor, node: str, type_: str) -> TensorItem:
-        """:meth:`capture` for one tensor (the common case, kept short)."""
-        key = id(t)
-        try:
-            version = t._version
-        except RuntimeError:
-            version = None
-        hit = self.seen.get(key)
-        if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
-            return TensorItem(self.token, node, stem, None, type_, hit[2])
-        dtype = t.dtype
-        try:  # copy_tensor's common case, inlined: a host tensor numpy can hold
-            data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
-        except (RuntimeError, TypeError):  # requires_grad, conjugate bits...: the general path
-            data = copy_tensor(t)
-        item = TensorItem(self.token, node, stem, data, type_, None, dtype)
+        """One tensor as a :class:`TensorItem`: a copy, or an alias of an unchanged one."""
+        version, hit = self._unchanged(t)
+        if hit is not None:
+            return TensorItem(self.token, node, stem, None, type_, hit)
+        item = TensorItem(self.token, node, stem, _copy(t), type_, None, t.dtype)
         if version is not None:
-            self.seen[key] = (weakref.ref(t), version, item)
+            self.seen[id(t)] = (weakref.ref(t), version, item)
         return item
 
-    def capture(self, pairs: list[tuple[str, Tensor]], node: str, type_: str) -> list[TensorItem]:
-        out = []
-        token = self.token
-        seen = self.seen
-        for stem, t in pairs:
-            key = id(t)
-            try:
-                version = t._version
-            except RuntimeError:  # inference-mode tensor: no version counter, never de-duplicate
-                version = None
-            hit = seen.get(key)
-            if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
-                out.append(TensorItem(token, node, stem, None, type_, hit[2]))
-                continue
-            dtype = t.dtype
-            try:  # as in capture_one
-                data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
-            except (RuntimeError, TypeError):
-                data = copy_tensor(t)
-            item = TensorItem(token, node, stem, data, type_, None, dtype)
-            if version is not None:
-                seen[key] = (weakref.ref(t), version, item)
-            out.append(item)
-        return out
+    def capture(self, pairs: list[tuple[str, Tensor]], node: str, type_: str) -> list[Any]:
+        """:meth:`capture_one` for each (stem, tensor) (in ``records`` mode, as records)."""
+        one = self.capture_one
+        return [one(stem, t, node, type_) for stem, t in pairs]
 
     def emit_logits(self) -> None:
         node, type_, t, version, order = self.leaf  # type: ignore[misc]
@@ -380,54 +369,13 @@ class Recorder:
 
     def _record_one(self, stem: str, t: Tensor, node: str, type_: str) -> Record:
         """:meth:`capture_one` as a :data:`Record` (``records`` mode)."""
-        key = id(t)
-        try:
-            version = t._version
-        except RuntimeError:
-            version = None
-        hit = self.seen.get(key)
-        if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
-            return (self.token, node, stem, type_, None, None, hit[2], 0)
-        dtype = t.dtype
-        try:
-            data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
-        except (RuntimeError, TypeError):
-            data = copy_tensor(t)
-        seq = self.seq
-        self.seq = seq + 1
+        version, hit = self._unchanged(t)
+        if hit is not None:
+            return (self.token, node, stem, type_, None, None, hit, 0)
+        record = self._fresh(node, stem, type_, _copy(t), t.dtype)
         if version is not None:
-            self.seen[key] = (weakref.ref(t), version, seq)
-        name = DTYPE_NAMES.get(dtype) or dtype_name(dtype)
-        return (self.token, node, stem, type_, data, name, seq, data.nbytes)
-
-    def _records(self, pairs: list[tuple[str, Tensor]], node: str, type_: str) -> list[Any]:
-        """:meth:`capture` as :data:`Record` tuples (``records`` mode; the loop inlined)."""
-        out: list[Any] = []
-        token = self.token
-        seen = self.seen
-        names = DTYPE_NAMES
-        for stem, t in pairs:
-            key = id(t)
-            try:
-                version = t._version
-            except RuntimeError:
-                version = None
-            hit = seen.get(key)
-            if hit is not None and version is not None and hit[1] == version and hit[0]() is t:
-                out.append((token, node, stem, type_, None, None, hit[2], 0))
-                continue
-            dtype = t.dtype
-            try:
-                data = t.numpy().copy() if dtype in HOST_NUMPY and t.is_cpu else copy_tensor(t)
-            except (RuntimeError, TypeError):
-                data = copy_tensor(t)
-            seq = self.seq
-            self.seq = seq + 1
-            if version is not None:
-                seen[key] = (weakref.ref(t), version, seq)
-            name = names.get(dtype) or dtype_name(dtype)
-            out.append((token, node, stem, type_, data, name, seq, data.nbytes))
-        return out
+            self.seen[id(t)] = (weakref.ref(t), version, record[6])
+        return record
 
     def fail(self, exc: BaseException) -> None:
         self.stop()
