@@ -35,10 +35,9 @@ SESSION_BYTES = 6_000
 """A pair held by a whole-run CompareSession: both records, raw and reported result (~5.4 KB)."""
 WINDOW_BYTES = 160 << 20
 """One window's records and results while it is compared, and the interpreter's own growth;
-also the next window's records, read meanwhile when forked children compare this one, and
-its results when it is compared there too (one small enough to stay in this process,
-engine/session/windowed.py; ≤ 2 048 tensors, like any window): peak RSS at 1 M small pairs
-78 MB with it against 74 MB for the build before it (bench_scale, one run each at load ~1)."""
+also the next window's records, read meanwhile when forked children compare this one
+(engine/session/windowed.py): peak RSS at 1 M small pairs 78 MB with it against 74 MB
+for the build before it (bench_scale, one run each at load ~1)."""
 TOKEN_BYTES = 2_048
 """A token in a windowed compare: its input ids, its data files' paths."""
 

@@ -38,27 +38,6 @@ def test_shares_cover_every_pair_once_balanced_by_cost(toy_runs: dict[str, ToyRu
     assert max(sizes) < 1.5 * min(sizes)
 
 
-def test_a_window_stays_inline_by_the_cost_that_decides_a_fork(
-    toy_runs: dict[str, ToyRun],
-) -> None:
-    """``stays_inline`` (the windowed compare's compare-ahead) says what :meth:`run` would
-    decide from the same cost model: the toy's pairs stay in one process; as if it paid, not;
-    with one process there is nothing else to do."""
-    golden, target = toy_runs["golden"].records, toy_runs["faulty"].records
-    runner = JobRunner(lambda *a, **k: None, None, jobs=2)
-    work = _works(toy_runs["golden"], toy_runs["faulty"])
-    assert sum(_cost(w) for w in work) < runner.MIN_PARALLEL_COST
-    assert runner.stays_inline(golden, target)
-    runner.MIN_PARALLEL_COST = sum(_cost(w) for w in work) / 2
-    assert not runner.stays_inline(golden, target)
-    runner.jobs = 1
-    assert runner.stays_inline(golden, target)
-    runner.jobs = 2
-    with runner.alone():
-        assert runner.jobs == 1 and runner.stays_inline(golden, target)
-    assert runner.jobs == 2
-
-
 def test_units_cover_every_pair_once_large_alone_largest_first(
     toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
 ) -> None:
