@@ -465,10 +465,15 @@ def _small_elements(work: Work) -> int:
 
 
 def _load_kernel(work: Sequence[Work]) -> None:
-    """Load the compiled metric kernel here, before any fork, when the work is big enough for
-    it to pay (``fused.MIN_ELEMS``): forked children inherit it at no cost."""
+    """Count ``work``'s elements towards loading the compiled metric kernel
+    (``fused.MIN_ELEMS``: a run's windows, a live session's batches add up), here and before
+    any fork: forked children inherit it at no cost, and a pair meets the same kernel state
+    whether it is compared here or in a child. The kernel's last digits differ from the numpy
+    path's, so counting in the children (whose counts never come back) made a run's report
+    depend on how many processes ``--jobs 0`` took at the box's load."""
     from layerwatch.engine.numerics import fused
 
     if fused.disabled() or fused.loaded():
         return
-    fused.kernel_for(sum(math.prod(w.golden.shape) for w in work if w.golden.loc is not None))
+    elems = sum(math.prod(w.golden.shape) for w in work if w.golden.loc is not None)
+    fused.kernel_for(elems, running=True)

@@ -339,24 +339,26 @@ def test_compare_pairs_read_bf16_bits_and_batch_small_pairs(kernel, monkeypatch,
 
 
 def test_a_live_sessions_batches_add_up_to_loading_the_kernel(monkeypatch, tmp_path) -> None:
-    """Many small compares (a live session's batches) load the kernel once their elements
-    reach MIN_ELEMS; one alone does not."""
+    """Many small batches run by a session's JobRunner (a live session's, a run's windows)
+    load the kernel once their elements reach MIN_ELEMS; one alone does not, and neither do
+    compares outside a runner (their counts would depend on which process ran them)."""
+    from layerwatch.engine.numerics.compare import compare_pair
+    from layerwatch.engine.session.jobs import JobRunner, Work
+
     monkeypatch.delenv("LAYERWATCH_NO_NUMBA", raising=False)
     monkeypatch.setitem(fused._STATE, "kernel", None)
-    monkeypatch.setitem(fused._STATE, "seen", 0)
     monkeypatch.setattr(fused, "MIN_ELEMS", 3 * 1000)
     g, t = _close(np.float32, n=1000)
-    items = [
-        (
-            _record(tmp_path / "g.bin", g, "float32", "o"),
-            _record(tmp_path / "t.bin", t, "float32", "o"),
-            False,
-        )
-    ]
-    compare_pairs(items, Thresholds.default())
-    compare_pairs(items, Thresholds.default())
+    golden = _record(tmp_path / "g.bin", g, "float32", "o")
+    target = _record(tmp_path / "t.bin", t, "float32", "o")
+    for _ in range(4):
+        compare_pairs([(golden, target, False)], Thresholds.default())
     assert not fused.loaded()
-    compare_pairs(items, Thresholds.default())
+    runner = JobRunner(compare_pair, Thresholds.default(), jobs=1)
+    runner.run([Work(golden, target, False)])
+    runner.run([Work(golden, target, False)])
+    assert not fused.loaded()
+    runner.run([Work(golden, target, False)])
     if fused._STATE["failed"]:
         pytest.skip("llvmlite is not installed")
     assert fused.loaded()

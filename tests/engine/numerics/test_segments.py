@@ -6,10 +6,8 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.compare import compare_pair, compare_pairs
 from layerwatch.engine.numerics.metrics import MetricAccumulator
 from layerwatch.engine.numerics.segments import BATCH, SMALL, small_metrics
@@ -85,18 +83,7 @@ def _record(path: Path, array: np.ndarray, node: str) -> TensorRecord:
     return TensorRecord(TensorKey(0, node, "output"), array.dtype.name, array.shape, loc)
 
 
-def _one_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The process's running element count (``fused.kernel_for(..., running=True)``) reaching
-    ``fused.MIN_ELEMS`` inside a test would load the kernel between the batch and the pairs
-    compared alone (other rounding: it happened when earlier tests moved the count): counted
-    from 0 here, the kernel is loaded for the whole test or not at all."""
-    monkeypatch.setitem(fused._STATE, "seen", 0)
-
-
-def test_compare_pairs_on_files_equals_compare_pair_one_at_a_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _one_path(monkeypatch)
+def test_compare_pairs_on_files_equals_compare_pair_one_at_a_time(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     items = []
     for i, n in enumerate([1, 7, 300, SMALL, SMALL + 1, 5000]):
@@ -131,16 +118,13 @@ def _pth_record(path: Path, tensor: object, node: str) -> TensorRecord:
     return TensorRecord(TensorKey(0, node, "output"), loc.dtype, loc.shape, loc)
 
 
-def test_batched_pth_pairs_equal_each_pair_alone_and_the_reference(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_batched_pth_pairs_equal_each_pair_alone_and_the_reference(tmp_path: Path) -> None:
     """msit-style .pth pairs of every kind in one ``compare_pairs`` call — several batches of
     :data:`BATCH` elements, their payloads sliced from the bytes their header read kept —
     give each pair exactly what it gets alone (read from disk), and the streaming reference's
     metrics to float64 rounding."""
     import torch
 
-    _one_path(monkeypatch)
     torch.manual_seed(5)
     nonfinite = torch.randn(64)
     nonfinite[[3, 9]] = torch.tensor([float("nan"), float("inf")])

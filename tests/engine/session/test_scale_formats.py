@@ -77,6 +77,40 @@ def test_each_format_compared_in_windows_writes_the_whole_run_report(
     ).read_bytes()
 
 
+def test_a_runs_elements_count_towards_the_kernel_whether_its_windows_fork_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled metric kernel is loaded once a run's compared elements reach
+    ``fused.MIN_ELEMS``, and its last digits differ from the numpy path's: so the count is kept
+    where windows are dispatched, not in the forked children (whose counts never came back), and
+    a run loads it at the same window whether ``--jobs`` (at ``0``: the box's load) forks or not;
+    with the kernel loaded part-way through, the reports are the same."""
+    from layerwatch.engine.numerics import fused
+    from layerwatch.engine.session import windowed
+    from layerwatch.engine.session.jobs import JobRunner
+
+    golden, target = DUMPS["msit-10-tokens"](tmp_path)
+    monkeypatch.setattr(windowed, "WINDOW_PAYLOAD", 1)  # a window a token
+    monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # each forked, however small
+    monkeypatch.delenv("LAYERWATCH_NO_NUMBA", raising=False)
+
+    def run(jobs: str, min_elems: int) -> tuple[int, bool, bytes]:
+        monkeypatch.setitem(fused._STATE, "kernel", None)
+        monkeypatch.setitem(fused._STATE, "seen", 0)
+        monkeypatch.setattr(fused, "MIN_ELEMS", min_elems)
+        out = tmp_path / f"jobs{jobs}-{min_elems}.csv"
+        assert main(["compare", str(golden), str(target), "-o", str(out), "--jobs", jobs]) == 1
+        return fused._STATE["seen"], fused.loaded(), out.read_bytes()
+
+    never = 1 << 62
+    whole, _, _ = run("1", never)
+    assert whole > 0 and run("2", never)[0] == whole  # every window counted here
+    halfway = run("1", whole // 2)
+    if fused._STATE["failed"]:
+        pytest.skip("llvmlite is not installed")
+    assert halfway[1] and halfway == run("2", whole // 2)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".json"])
 def test_windows_cut_by_bytes_read_the_next_while_forked_children_compare(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
