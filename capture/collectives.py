@@ -258,10 +258,7 @@ class CollectivePatch:
         order = rec.order
         rec.order = order + 1
         rec.last_order = order
-        for it in items:
-            it.order = order
-            rec.batch.append(it)
-            rec.batch_bytes += it.nbytes
+        rec.emit(order, items)
         rec.batch.append(
             LineItem(
                 {
@@ -275,8 +272,6 @@ class CollectivePatch:
                 }
             )
         )
-        if rec.batch_bytes >= rec.local_bytes:
-            rec.hand_over(urgent=False)
 
 
 __all__ = ["COLLECTIVES", "K_COLLECTIVE", "CollectivePatch", "RankInfo", "rank_info"]

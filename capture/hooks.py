@@ -5,10 +5,10 @@
   dump): two models, two handles, two independent runs; ``remove()`` really removes.
 * Inputs are taken in a forward *pre*-hook (with keyword arguments), outputs in the forward
   hook (for a module with no hook of its own, both run from one wrapper of its ``forward``,
-  :class:`ForwardWrap`, which keeps torch's fast call path); every tensor is copied at once (``capture/recorder.py``) and written by a background
-  thread (``capture/writer.py`` or ``capture/msit_writer.py``); for host models, once a run
-  is long, the thread hands the run over to a writer process off the model's GIL
-  (``capture/writer_process.py``).
+  :class:`ForwardWrap`, which keeps torch's fast call path); every tensor is copied at once
+  (``capture/recorder.py``) and written by a background thread (``capture/writer.py`` or
+  ``capture/msit_writer.py``); for host models, once a run is long, the thread hands the run
+  over to a writer process off the model's GIL (``capture/writer_process.py``).
 * Attaching from inside the root's first forward call (the zero-code-change bootstrap finds
   the root in a *global* forward pre-hook, when the root's own pre-hooks for that call are
   already fixed): ``register_hook(root, config, already_in_call=True, call_args=args,
