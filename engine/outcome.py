@@ -50,7 +50,7 @@ from layerwatch.engine.report import (
     write_csv,
 )
 from layerwatch.engine.seam import Summary
-from layerwatch.engine.wording import summary_text
+from layerwatch.engine.wording import note_lines, summary_text
 
 EXIT_OK = 0
 EXIT_FINDING = 1
@@ -398,6 +398,8 @@ def conclude(
     ``empty`` says why there was nothing to compare (then exit 2, nothing written). stdout gets
     the ``--json`` object, else the short summary and ``notes`` — unless ``summary_with_report``
     is false and a report file was written (``compare -o`` prints nothing, as it always has).
+    Without the summary the notes, the session's and ``notes``, go to stderr: a cut-short index
+    or a skipped file is said in one line whatever the output.
     Mismatched dumps (:func:`mismatch`) then end as a LayerwatchError: one line, exit 2.
     """
     if stream is None and hasattr(session, "results_by_token"):  # a live session: by token
@@ -420,6 +422,10 @@ def conclude(
         out.write(summary_text(session) + "\n")
         for note in notes:
             out.write(f"note: {note}\n")
+    elif not summary_with_report:  # `compare` without its summary (the live front ends
+        # said each note as it came): what was wrong with the input still gets its line
+        for line in note_lines([*session.notes, *notes]):
+            sys.stderr.write(line + "\n")
     out.flush()
     wrong = mismatch(session, allow_partial=allow_partial)
     if wrong is not None:  # after the report: it shows what was (not) paired

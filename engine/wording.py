@@ -241,11 +241,18 @@ def summary_text(session: Any) -> str:
         f"pairs: {s.pairs} compared · {s.passed} pass · {s.failed} fail · {s.diverged} diverged · "
         f"{s.error} error · {s.unpaired} unpaired"
     )
-    for note in session.notes[:8]:
-        lines.append(f"note: {note}")
-    if len(session.notes) > 8:
-        lines.append(f"note: … {len(session.notes) - 8} more (see the report)")
+    lines += note_lines(session.notes)
     return "\n".join(lines)
+
+
+def note_lines(notes: Sequence[str], most: int = 8) -> list[str]:
+    """What the readers noted about their input (an index line cut short, a file skipped, an
+    unreadable topology), one ``note:`` line each, the first ``most`` and then how many more:
+    a dump with thousands of damaged files must not bury the summary."""
+    lines = [f"note: {note}" for note in notes[:most]]
+    if len(notes) > most:
+        lines.append(f"note: … {len(notes) - most} more")
+    return lines
 
 
 def stats_only_words(tokens: list[int]) -> str:

@@ -141,6 +141,17 @@ def test_cli_json_report_and_exit_codes(tmp_path: Path) -> None:
     assert "root.model.layers.1.mlp.act_fn" in text.stdout
 
 
+def test_a_report_file_alone_still_names_a_cut_short_index_on_stderr(tmp_path: Path) -> None:
+    """``-o`` prints no summary; the note that the index ends part-way through a line is said
+    on stderr all the same, and the scan of every whole line goes on."""
+    run = tiny_hf.capture(tiny_hf.build("llama", torch.float16), tmp_path / "dump")
+    index = next(Path(run).rglob("index.jsonl"))
+    index.write_bytes(index.read_bytes() + b'{"k":"t","token":')
+    out = _layerwatch("scan", run, "-o", tmp_path / "r.csv")
+    assert out.returncode == 0 and out.stdout == "", out.stderr
+    assert out.stderr.count("cut short") == 1 and out.stderr.startswith("note: "), out.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -40,3 +40,31 @@ def test_truncated_pth_is_named_once(command: str, dumps: tuple[Path, Path, Path
         assert proc.stderr.count(note) == 1, proc.stderr
     assert "incomplete file skipped" not in proc.stdout + proc.stderr  # not twice in other words
     assert "1 unpaired" in proc.stdout
+
+
+@pytest.mark.parametrize("output", [["-o", "report.csv"], ["--json"], ["--json", "-o", "r.jsonl"]])
+def test_compare_without_its_summary_names_the_truncated_file_on_stderr(
+    output: list[str], dumps: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """``-o`` prints no summary and ``--json`` keeps stdout for the object: the note that a
+    file was skipped goes to stderr, once, and the JSON on stdout still parses."""
+    golden, target, cut = dumps
+    argv = [a if a.startswith("-") else str(tmp_path / a) for a in output]
+    proc = layerwatch("compare", str(golden), str(target), *argv, timeout=90)
+    assert proc.returncode == 1, proc.stderr
+    note = f"note: golden: {cut}: truncated or corrupt, skipped"
+    assert proc.stderr.count(note) == 1, proc.stderr
+    assert note not in proc.stdout
+    if "--json" in output:
+        import json
+
+        assert json.loads(proc.stdout)["summary"]["unpaired"] == 1
+
+
+def test_open_headless_json_says_the_note_as_it_happens_and_not_again(
+    dumps: tuple[Path, Path, Path],
+) -> None:
+    golden, target, cut = dumps
+    proc = layerwatch("open", "--headless", "--json", str(golden), str(target), timeout=90)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count(f"golden: {cut}: truncated or corrupt, skipped") == 1, proc.stderr
