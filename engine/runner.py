@@ -273,17 +273,16 @@ def _compare_windowed(
             run.note(f"target: {note}")  # as the session words a side's notes
     except KeyboardInterrupt:
         progress.clear()
+        said = ""  # the command line's one line, `layerwatch compare: interrupted…` (tui/cli.py)
         if output and stream.rows:
             stream.json_out = None  # stdout gets nothing of a run cut short
             stream.finish(run, incomplete=f"stopped by the user after {stream.rows} rows")
-            sys.stderr.write(f"layerwatch compare: stopped; {output} holds the rows so far\n")
+            said = f"interrupted; {output} holds the rows so far"
         else:
             stream.discard()
             if output:
-                sys.stderr.write(
-                    f"layerwatch compare: stopped before a row was written to {output}\n"
-                )
-        raise
+                said = f"interrupted before a row was written to {output}"
+        raise KeyboardInterrupt(said) from None
     except LayerwatchError as exc:  # cannot write the report (a full disk...)
         progress.clear()
         if output and stream.rows:

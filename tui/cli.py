@@ -545,8 +545,8 @@ def _run(
     except LayerwatchError as exc:
         print(f"layerwatch {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"layerwatch {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # its words, where the command gave some (engine/runner.py)
+        print(f"layerwatch {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `layerwatch compare --json | head`: the reader left, not an error
         import os

@@ -156,6 +156,7 @@ def test_a_compare_stopped_part_way_keeps_its_rows_marked_incomplete(tmp_path: P
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert err.splitlines() == [f"layerwatch compare: interrupted; {report} holds the rows so far"]
     assert report.exists(), err
     lines = report.read_text().splitlines()
     assert lines[-1].startswith("# incomplete: stopped by the user after "), lines[-1]
