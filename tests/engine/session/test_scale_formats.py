@@ -141,6 +141,23 @@ def test_windows_cut_by_bytes_read_the_next_while_forked_children_compare(
     assert out.read_bytes() == (tmp_path / f"whole{suffix}").read_bytes()
 
 
+def _spy_alone(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``JobRunner.alone`` wrapped: each call (a window compared ahead) adds the runner's
+    ``jobs`` inside it to the list returned."""
+    from layerwatch.engine.session.jobs import JobRunner
+
+    alone: list[int] = []
+    real_alone = JobRunner.alone
+
+    def spy_alone(self: JobRunner) -> Iterator[None]:
+        with real_alone(self):
+            alone.append(self.jobs)
+            yield
+
+    monkeypatch.setattr(JobRunner, "alone", contextmanager(spy_alone))
+    return alone
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".json"])
 def test_a_small_next_window_is_compared_while_forked_children_compare_this_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
@@ -156,15 +173,7 @@ def test_a_small_next_window_is_compared_while_forked_children_compare_this_one(
     monkeypatch.setattr(windowed, "WINDOW_PAYLOAD", 1)  # a window a token
     monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # each window forked...
     monkeypatch.setattr(JobRunner, "stays_inline", lambda self, g, t: True)  # ...or compared ahead
-    alone: list[int] = []  # jobs inside each compare done ahead
-    real_alone = JobRunner.alone
-
-    def spy_alone(self: JobRunner) -> Iterator[None]:
-        with real_alone(self):
-            alone.append(self.jobs)
-            yield
-
-    monkeypatch.setattr(JobRunner, "alone", contextmanager(spy_alone))
+    alone = _spy_alone(monkeypatch)  # jobs inside each compare done ahead
     forks: list[int] = []
     real_fork = JobRunner._run_forked
 
@@ -195,15 +204,7 @@ def test_a_next_window_is_compared_ahead_only_where_both_hold_no_more_than_a_win
     monkeypatch.setattr(windowed, "WINDOW_PAYLOAD", 1)  # a window a token
     monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # each window forked...
     monkeypatch.setattr(JobRunner, "stays_inline", lambda self, g, t: True)  # ...or ahead
-    alone: list[int] = []
-    real_alone = JobRunner.alone
-
-    def spy_alone(self: JobRunner) -> Iterator[None]:
-        with real_alone(self):
-            alone.append(self.jobs)
-            yield
-
-    monkeypatch.setattr(JobRunner, "alone", contextmanager(spy_alone))
+    alone = _spy_alone(monkeypatch)
     for limit, ahead in ((60, 0), (100, 5)):
         monkeypatch.setattr(windowed, "WINDOW_TENSORS", limit)
         alone.clear()
