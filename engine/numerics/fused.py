@@ -114,6 +114,18 @@ def loaded() -> bool:
     return _STATE["kernel"] is not None and not disabled()
 
 
+def unchanged_by(elems: int) -> bool:
+    """Whether counting ``elems`` more elements (:func:`kernel_for` ``running``) leaves this
+    process's kernel as it is: loaded, disabled, unavailable, or still short of
+    :data:`MIN_ELEMS` (forked children never see a kernel loaded after their fork)."""
+    return (
+        disabled()
+        or _STATE["kernel"] is not None
+        or _STATE["failed"]
+        or _STATE["seen"] + elems < MIN_ELEMS
+    )
+
+
 def kernel_for(elems: int, *, running: bool = False) -> Kernel | None:
     """The kernel when it is loaded or ``elems`` make loading it worth while, else ``None``.
     ``running``: count ``elems`` towards this process's total (a live session's many small

@@ -37,7 +37,9 @@ WINDOW_BYTES = 160 << 20
 """One window's records and results while it is compared, and the interpreter's own growth;
 also the next window's records, read meanwhile when forked children compare this one
 (engine/session/windowed.py): peak RSS at 1 M small pairs 78 MB with it against 74 MB
-for the build before it (bench_scale, one run each at load ~1)."""
+for the build before it (bench_scale, one run each at load ~1). A next window compared there
+too (one small enough to stay in this process) is one whose tensors and this window's are
+together no more than one window may hold."""
 TOKEN_BYTES = 2_048
 """A token in a windowed compare: its input ids, its data files' paths."""
 

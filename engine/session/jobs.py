@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -217,6 +218,36 @@ class JobRunner:
         while the children compare. Cleared by the call; never called on any other path."""
         self._pool: Executor | None = None
         self._pool_failed = False
+
+    def stays_inline(self, golden: Sequence[TensorRecord], target: Sequence[TensorRecord]) -> bool:
+        """Whether :meth:`run` would compare these records' pairs in this process alone (their
+        estimated cost below :attr:`MIN_PARALLEL_COST`, each golden record taken as a pair),
+        and counting their elements leaves the compiled kernel as it is (``fused.unchanged_by``):
+        the windowed compare then compares such a window while forked children compare the
+        one before (``session/windowed.py``), and this process's units of that window must
+        meet the kernel state the children have."""
+        from layerwatch.engine.numerics import fused
+        from layerwatch.engine.numerics.segments import SMALL
+
+        if self.jobs <= 1:
+            return True
+        paired = [r for r in golden if r.loc is not None]
+        if not fused.unchanged_by(sum(math.prod(r.shape) for r in paired)):
+            return False
+        small = sum(1 for r in paired if 0 < math.prod(r.shape) <= SMALL)
+        nbytes = sum(_nbytes(r) for r in golden) + sum(_nbytes(r) for r in target)
+        cost = _estimate(small, len(paired) - small, nbytes)
+        return cost < self.MIN_PARALLEL_COST
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Everything run inside stays in this process (``jobs`` 1): a window compared while
+        forked children, started from this process, compare the one before."""
+        jobs, self.jobs = self.jobs, 1
+        try:
+            yield
+        finally:
+            self.jobs = jobs
 
     def plan(
         self, work: Sequence[Work], costs: Sequence[float] | None = None
@@ -448,10 +479,17 @@ def auto_jobs() -> int:
 
 def _cost(work: Work) -> float:
     """Estimated seconds to compare one pair (for the decision and for balancing shares)."""
+    small = 1 if _small_elements(work) else 0
+    return _estimate(small, 1 - small, work.nbytes)
+
+
+def _estimate(small: int, large: int, nbytes: int) -> float:
+    """Estimated seconds to compare ``small`` + ``large`` pairs of ``nbytes`` payload (both
+    sides): the one cost model of :func:`_cost` and :meth:`JobRunner.stays_inline`."""
     from layerwatch.engine.numerics import fused
 
-    per_pair = SMALL_PAIR_COST if _small_elements(work) else PAIR_COST
-    return per_pair + (FUSED_BYTE_COST if fused.loaded() else BYTE_COST) * work.nbytes
+    per_byte = FUSED_BYTE_COST if fused.loaded() else BYTE_COST
+    return small * SMALL_PAIR_COST + large * PAIR_COST + per_byte * nbytes
 
 
 def _small_elements(work: Work) -> int:

@@ -18,7 +18,9 @@ windows in token order:
 
 A window closes at :data:`WINDOW_TENSORS` golden tensors or :data:`WINDOW_PAYLOAD` of payload;
 when forked children compare it (``JobRunner.meanwhile``), this process reads the next window
-meanwhile, so the headers of later tokens are parsed beside the comparing, not after it.
+meanwhile, so the headers of later tokens are parsed beside the comparing, not after it; a next
+window small enough to stay in this process (``JobRunner.stays_inline``) is compared there too,
+its rows written after this window's.
 Each window is a fresh session sharing one pairer (its weight match is computed once) and one
 job runner (one process pool). Its rows go to the report stream as the window completes, the
 merged findings and counts take what they need; then the window's records and results are dropped
@@ -287,53 +289,99 @@ def compare_windows(
         if tables is not None
         else windows(readers, window)
     )
-    ahead: list[tuple[dict[str, ReaderUpdate] | None, Exception | None]] = []
+    ahead: list[_Ahead] = []
+    limit = window or WINDOW_TENSORS
+    holding = 0  # golden tensors of the window being compared (its records stay meanwhile)
+
+    def judge(
+        updates: dict[str, ReaderUpdate], report: Callable[[int, int], None] | None
+    ) -> tuple[CompareSession, list[PairResult]]:
+        """One window compared in a fresh session (the run's pairer and job runner)."""
+        nonlocal shared, holding
+        holding = len(updates["golden"].tensors)
+        session = make_session()
+        if shared is None:
+            shared = (session.pairer, session.runner)
+        else:  # one weight match, one process pool for the whole run
+            session.pairer, session.runner = shared
+        if prepare is not None:
+            prepare(updates["golden"], updates["target"])
+        session.runner.meanwhile = read_ahead
+        session.compare_finished(  # its results are read below, its batch never
+            updates["golden"], updates["target"], report, batch=False
+        )
+        session.runner.meanwhile = None
+        return session, session.results()
 
     def read_ahead() -> None:
         """The next window (or its reading's error, raised in its turn), read while forked
         children compare this one (``JobRunner.meanwhile``): on two cores the headers of the
-        next tokens are parsed beside the comparing instead of after it."""
+        next tokens are parsed beside the comparing instead of after it. A next window that
+        its runner would compare in this process anyway (``JobRunner.stays_inline``: bench
+        case (a)'s last three tokens, 651 small pairs) is compared here too, and its rows
+        wait for this window's: its ~50 ms are spent beside the children's comparing. Only
+        where both windows together hold no more tensors than one window may (case (a): 217
+        + 651): the records and results held at once stay those of one window (many windows
+        of 3 000 small pairs, each forked and the next compared ahead, held two windows'
+        worth: test_scale_formats' memory a pair went from ~900 B to ~2 000 B)."""
         try:
-            ahead.append((next(source, None), None))
+            updates = next(source, None)
         except Exception as exc:
-            ahead.append((None, exc))
+            ahead.append(_Ahead(None, error=exc))
+            return
+        runner = shared[1] if shared is not None else None
+        if (
+            updates is None
+            or runner is None
+            or holding + len(updates["golden"].tensors) > limit
+            or not runner.stays_inline(updates["golden"].tensors, updates["target"].tensors)
+        ):
+            ahead.append(_Ahead(updates))
+            return
+        try:
+            with runner.alone():  # no fork while this window's children run
+                ahead.append(_Ahead(updates, judge(updates, None)))
+        except Exception as exc:
+            ahead.append(_Ahead(None, error=exc))
 
     try:
         while True:
+            judged = None
             if ahead:
-                updates, error = ahead.pop()
-                if error is not None:
-                    raise error
+                item = ahead.pop()
+                if item.error is not None:
+                    raise item.error
+                updates, judged = item.updates, item.judged
             else:
                 updates = next(source, None)
             if updates is None:
                 break
-            session = make_session()
-            if shared is None:
-                shared = (session.pairer, session.runner)
-            else:  # one weight match, one process pool for the whole run
-                session.pairer, session.runner = shared
-            if prepare is not None:
-                prepare(updates["golden"], updates["target"])
-            session.runner.meanwhile = read_ahead
-            session.compare_finished(  # its results are read below, its batch never
-                updates["golden"],
-                updates["target"],
-                _offset(progress, done) if progress else None,
-                batch=False,
-            )
-            session.runner.meanwhile = None
-            results = session.results()
+            if judged is None:
+                judged = judge(updates, _offset(progress, done) if progress else None)
+            elif progress is not None:  # compared ahead, without a progress of its own
+                progress(done + len(judged[1]), done + len(judged[1]))
+            session, results = judged
             done += len(results)
             sink.add(results)
             run.take(session, results)
             # Dropped before the window after next is read: at most two windows' records at a
             # time (the next one is read while forked children compare this one).
-            del session, results, updates
+            del session, results, updates, judged
     finally:
         if shared is not None:
             shared[1].close()
     return run
+
+
+@dataclass
+class _Ahead:
+    """The next window, read (and maybe compared) while forked children compare this one."""
+
+    updates: dict[str, ReaderUpdate] | None
+    judged: tuple[CompareSession, list[PairResult]] | None = None
+    """Its session and results when it was compared ahead (rows not written yet)."""
+    error: Exception | None = None
+    """What reading or comparing it raised: raised in its turn, after this window's rows."""
 
 
 def _earliest(known: int | None, tokens: list[int]) -> int | None:

@@ -23,7 +23,9 @@ same in a fresh interpreter (start-up, numpy and our readers' imports included: 
 bounds any Python tool). ``--jobs`` values timed: 1, 0 (the default: this process and one more
 per core the load average leaves idle, ``capture/cpus.py``, so at a load of cores − ½ or more it
 is ``--jobs 1``) and 2 (two processes whatever the load); each row prints the load average it
-started at.
+started at. ``--before-python PY`` (another build's interpreter, e.g. main's) times that build's
+compare beside ours for each ``--jobs`` value, alternating which goes first, and prints the
+medians of the pairs' wall and CPU ratios (same dumps, same minutes).
 Goals: ≥ 20× msit on (a) and (b), ≥ 60 % of the load floor on (a).
 """
 
@@ -267,14 +269,37 @@ def bench_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         j: ([], [], []) for j in args.jobs
     }
     loads: dict[int, list[float]] = {j: [] for j in args.jobs}
-    for _ in range(args.repeat):
+    before = [str(args.before_python), *ours[1:]] if args.before_python else None
+    theirs: dict[int, tuple[list[float], list[float]]] = {j: ([], []) for j in args.jobs}
+    if before is not None:
+        timed(before, env, 1)  # its warm-up
+    for i in range(args.repeat):
         for jobs, (w, c, f) in runs.items():
             f.append(load_floor(golden, target, 1)[0])
             loads[jobs].append(os.getloadavg()[0])
+            if before is not None and i % 2:  # the other build first every other round
+                tw, tc, _ = timed([*before, "--jobs", str(jobs)], env, 1)
+                theirs[jobs][0].extend(tw)
+                theirs[jobs][1].extend(tc)
             walls, cpus, out = timed([*ours, "--jobs", str(jobs)], env, 1)
             w += walls
             c += cpus
             row["pairs"] = json.loads(out)["summary"]["pairs"]
+            if before is not None and not i % 2:
+                tw, tc, _ = timed([*before, "--jobs", str(jobs)], env, 1)
+                theirs[jobs][0].extend(tw)
+                theirs[jobs][1].extend(tc)
+    for jobs, (tw, tc) in theirs.items():
+        if tw:
+            ow, oc = runs[jobs][0], runs[jobs][1]
+            row[f"before_j{jobs}_s"], row[f"before_j{jobs}_cpu"] = (
+                statistics.median(tw),
+                statistics.median(tc),
+            )
+            row[f"ratio_j{jobs}_s"] = statistics.median(a / b for a, b in zip(ow, tw, strict=True))
+            row[f"ratio_j{jobs}_cpu"] = statistics.median(
+                a / b for a, b in zip(oc, tc, strict=True)
+            )
     for jobs, (walls, cpus, floors) in runs.items():
         row[f"ours_j{jobs}_s"] = statistics.median(walls)
         row[f"ours_j{jobs}_min"] = min(walls)
@@ -356,6 +381,15 @@ def report(case: str, row: dict[str, float], jobs: list[int]) -> None:
             f"floor read alongside each run ({row[f'floor_j{j}_s']:.3f} s); load average "
             f"{row[f'load_j{j}_lo']:.1f}–{row[f'load_j{j}_hi']:.1f} at the runs' starts"
         )
+        if f"before_j{j}_s" in row:
+            b = row[f"before_j{j}_s"]
+            print(
+                f"    --before-python, alternating: {b:.2f} s wall "
+                f"({row[f'before_j{j}_cpu']:.2f} s CPU) = {row['floor_s'] / b:.0%} of the load "
+                f"floor, {row['msit_s'] / b:.1f}× msit; this build / it, medians of the "
+                f"pairs' ratios: {row[f'ratio_j{j}_s']:.2f}× wall, "
+                f"{row[f'ratio_j{j}_cpu']:.2f}× CPU"
+            )
     print(
         f"  the same, --jobs 1 without the compiled kernel (LAYERWATCH_NO_NUMBA=1): "
         f"{row['numpy_j1_s']:.2f} s wall ({row['numpy_j1_cpu']:.2f} s CPU)"
@@ -400,6 +434,13 @@ def main() -> None:
         "--repeat", type=int, default=3, help="runs of ours and of the floor (median)"
     )
     parser.add_argument("--msit-repeat", type=int, default=3, help="runs of msit (median)")
+    parser.add_argument(
+        "--before-python",
+        type=Path,
+        default=None,
+        help="another build's python (e.g. main's): its compare timed for each --jobs value, "
+        "alternating with this build's, same dumps and load",
+    )
     parser.add_argument(
         "--jobs",
         type=int,

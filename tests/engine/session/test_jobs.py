@@ -38,6 +38,54 @@ def test_shares_cover_every_pair_once_balanced_by_cost(toy_runs: dict[str, ToyRu
     assert max(sizes) < 1.5 * min(sizes)
 
 
+def test_a_window_stays_inline_by_the_cost_that_decides_a_fork(
+    toy_runs: dict[str, ToyRun],
+) -> None:
+    """``stays_inline`` (the windowed compare's compare-ahead) says what :meth:`run` would
+    decide from the same cost model: the toy's pairs stay in one process; as if it paid, not;
+    with one process there is nothing else to do."""
+    golden, target = toy_runs["golden"].records, toy_runs["faulty"].records
+    runner = JobRunner(lambda *a, **k: None, None, jobs=2)
+    work = _works(toy_runs["golden"], toy_runs["faulty"])
+    assert sum(_cost(w) for w in work) < runner.MIN_PARALLEL_COST
+    assert runner.stays_inline(golden, target)
+    runner.MIN_PARALLEL_COST = sum(_cost(w) for w in work) / 2
+    assert not runner.stays_inline(golden, target)
+    runner.jobs = 1
+    assert runner.stays_inline(golden, target)
+    runner.jobs = 2
+    with runner.alone():
+        assert runner.jobs == 1 and runner.stays_inline(golden, target)
+    assert runner.jobs == 2
+
+
+def test_a_window_that_would_load_the_kernel_does_not_stay_inline(
+    toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window compared ahead runs in this process while forked children compare the window
+    before: if its elements loaded the compiled kernel there (``fused.MIN_ELEMS``), this
+    process's units of that window would meet the kernel and the children's the numpy path,
+    whose last digits differ. So it stays inline only when counting it changes nothing."""
+    from layerwatch.engine.numerics import fused
+
+    golden, target = toy_runs["golden"].records, toy_runs["faulty"].records
+    elems = sum(math.prod(r.shape) for r in golden if r.loc is not None)
+    runner = JobRunner(lambda *a, **k: None, None, jobs=2)
+    monkeypatch.delenv("LAYERWATCH_NO_NUMBA", raising=False)
+    monkeypatch.setitem(fused._STATE, "kernel", None)
+    monkeypatch.setitem(fused._STATE, "failed", False)
+    monkeypatch.setitem(fused._STATE, "seen", 0)
+    monkeypatch.setattr(fused, "MIN_ELEMS", elems + 1)
+    assert runner.stays_inline(golden, target)  # still short of loading it
+    monkeypatch.setitem(fused._STATE, "seen", 1)
+    assert not runner.stays_inline(golden, target)  # these elements would load it
+    monkeypatch.setenv("LAYERWATCH_NO_NUMBA", "1")
+    assert runner.stays_inline(golden, target)  # never loaded: nothing changes
+    monkeypatch.delenv("LAYERWATCH_NO_NUMBA")
+    monkeypatch.setitem(fused._STATE, "failed", True)
+    assert runner.stays_inline(golden, target)  # cannot be loaded
+
+
 def test_units_cover_every_pair_once_large_alone_largest_first(
     toy_runs: dict[str, ToyRun], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,8 @@ import io
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,79 @@ def test_windows_cut_by_bytes_read_the_next_while_forked_children_compare(
     assert main(["compare", str(golden), str(target), "-o", str(out), "--jobs", "2"]) in (0, 1)
     assert len(forked) >= 9 and all(had and taken for had, taken in forked)
     assert out.read_bytes() == (tmp_path / f"whole{suffix}").read_bytes()
+
+
+def _spy_alone(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``JobRunner.alone`` wrapped: each call (a window compared ahead) adds the runner's
+    ``jobs`` inside it to the list returned."""
+    from layerwatch.engine.session.jobs import JobRunner
+
+    alone: list[int] = []
+    real_alone = JobRunner.alone
+
+    def spy_alone(self: JobRunner) -> Iterator[None]:
+        with real_alone(self):
+            alone.append(self.jobs)
+            yield
+
+    monkeypatch.setattr(JobRunner, "alone", contextmanager(spy_alone))
+    return alone
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+def test_a_small_next_window_is_compared_while_forked_children_compare_this_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    """A next window its runner would compare inline (``JobRunner.stays_inline``) is compared
+    in the read-ahead, with no fork of its own, while the children compare the window before;
+    its rows follow that window's: the report is the whole run's, byte for byte."""
+    from layerwatch.engine.session import windowed
+    from layerwatch.engine.session.jobs import JobRunner
+
+    golden, target = DUMPS["msit-10-tokens"](tmp_path)  # diverges at token 8, faults at 3, 6
+    whole_run_report(golden, target, tmp_path / f"whole{suffix}")
+    monkeypatch.setattr(windowed, "WINDOW_PAYLOAD", 1)  # a window a token
+    monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # each window forked...
+    monkeypatch.setattr(JobRunner, "stays_inline", lambda self, g, t: True)  # ...or compared ahead
+    alone = _spy_alone(monkeypatch)  # jobs inside each compare done ahead
+    forks: list[int] = []
+    real_fork = JobRunner._run_forked
+
+    def spy_fork(self: JobRunner, *args: object) -> object:
+        forks.append(self.jobs)
+        return real_fork(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(JobRunner, "_run_forked", spy_fork)
+    out = tmp_path / f"windowed{suffix}"
+    assert main(["compare", str(golden), str(target), "-o", str(out), "--jobs", "2"]) == 1
+    # windows alternate: forked (reading and comparing the next ahead), then taken as compared
+    assert len(forks) == 5 and len(alone) == 5 and alone == [1] * 5
+    assert out.read_bytes() == (tmp_path / f"whole{suffix}").read_bytes()
+
+
+def test_a_next_window_is_compared_ahead_only_where_both_hold_no_more_than_a_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window a token (40 tensors, closed by its payload): under a window of 60 tensors
+    each forked window's successor is read meanwhile but never compared ahead (the two windows'
+    records and results would be more than one window may hold); under 100, every other
+    window is compared ahead. The report is the whole run's either way."""
+    from layerwatch.engine.session import windowed
+    from layerwatch.engine.session.jobs import JobRunner
+
+    golden, target = DUMPS["msit-10-tokens"](tmp_path)  # 40 tensors a token
+    whole_run_report(golden, target, tmp_path / "whole.csv")
+    monkeypatch.setattr(windowed, "WINDOW_PAYLOAD", 1)  # a window a token
+    monkeypatch.setattr(JobRunner, "MIN_PARALLEL_COST", 0.0)  # each window forked...
+    monkeypatch.setattr(JobRunner, "stays_inline", lambda self, g, t: True)  # ...or ahead
+    alone = _spy_alone(monkeypatch)
+    for limit, ahead in ((60, 0), (100, 5)):
+        monkeypatch.setattr(windowed, "WINDOW_TENSORS", limit)
+        alone.clear()
+        out = tmp_path / f"windowed{limit}.csv"
+        assert main(["compare", str(golden), str(target), "-o", str(out), "--jobs", "2"]) == 1
+        assert len(alone) == ahead
+        assert out.read_bytes() == (tmp_path / "whole.csv").read_bytes()
 
 
 @pytest.mark.parametrize("fmt", ["msit", "atb", "msprobe"])
