@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +28,12 @@ _VARIES = {"started", "updated", "pid", "argv"}
 
 
 def _hf_run(
-    out: Path, mode: str, monkeypatch: pytest.MonkeyPatch, spawn_after: int = 1, **config: object
+    out: Path,
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spawn_after: int = 1,
+    grad_mode: Any = torch.no_grad,
+    **config: object,
 ) -> Path:
     writers.select(monkeypatch, mode, spawn_after)
     model = tiny_hf.build("llama", torch.float16)
@@ -47,7 +53,7 @@ def _hf_run(
     model.register_forward_hook(flush)
     for layer in model.model.layers:
         layer.mlp.register_forward_hook(flush)
-    with torch.no_grad():
+    with grad_mode():
         model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
             do_sample=False, pad_token_id=0,
@@ -85,6 +91,16 @@ def test_the_writer_process_writes_the_thread_writers_dump(tmp_path, monkeypatch
     process = _hf_run(tmp_path / "process", "process", monkeypatch, **config)
     _same_dump(thread, process)
     assert lwdump.index(process)[-1]["k"] == "end"
+
+
+def test_inference_mode_tensors_are_copied_each_time_by_both_writers(tmp_path, monkeypatch):
+    """Inference-mode tensors have no version counter: the records path (capture/recorder.py
+    ``_record_one``) must copy each one, as the items path does, never alias it."""
+    thread = _hf_run(tmp_path / "thread", "thread", monkeypatch, grad_mode=torch.inference_mode)
+    process = _hf_run(tmp_path / "process", "process", monkeypatch, grad_mode=torch.inference_mode)
+    _same_dump(thread, process)
+    lines = [r for r in lwdump.index(process) if r["k"] == "t"]
+    assert len({(r["file"], r["begin"]) for r in lines}) == len(lines)  # every line its own bytes
 
 
 @pytest.mark.parametrize("config", [{}, {"keep_tokens": 3}, {"batch_bytes": 8192}])
