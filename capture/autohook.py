@@ -68,6 +68,9 @@ def install(settings: dict[str, Any]) -> Any:
         config = config_from_settings(settings)
         if settings.get("seed") is not None:
             seed_all(int(settings["seed"]))
+        from .writer_process import prestart
+
+        prestart(config)  # its start overlaps the program's imports (capture/writer_process.py)
         _active = AutoHook(config, os.environ.get(ROOT_ENV) or None)
     return _active
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from layerwatch.capture import DumpConfig, register_hook
+from layerwatch.capture import DumpConfig, register_hook, writer_process
 from layerwatch.capture.writer_process import ENV, ProcessWriter
 from support import lwdump, tiny_hf, writers
 from support.wide import Wide
@@ -35,7 +35,7 @@ def _hf_run(
     grad_mode: Any = torch.no_grad,
     **config: object,
 ) -> Path:
-    writers.select(monkeypatch, mode, spawn_after)
+    writers.select(monkeypatch, "handover" if mode == "ahead" else mode, spawn_after)
     model = tiny_hf.build("llama", torch.float16)
     ids = tiny_hf.prompt()
     # the batches are cut by flushes (each layer's MLP, each token's end) and by batch_bytes,
@@ -43,7 +43,13 @@ def _hf_run(
     # cut inside a layer leaves aliases waiting for their source (the layer's input) and
     # aliases of a source written before the cut: both cross a hand-over there
     config = {"flush_interval": 600.0, **config}
+    ahead = None
+    if mode == "ahead":  # started as layerwatch dump's processes start it (capture/autohook.py)
+        monkeypatch.setattr(writer_process, "second_core", lambda: True)
+        writer_process.prestart(DumpConfig(dump_path=out))
+        (ahead,) = writer_process._WARM
     handle = register_hook(model, DumpConfig(dump_path=out, **config))  # type: ignore[arg-type]
+    assert not writer_process._WARM
     assert isinstance(handle._writer, ProcessWriter) == (mode != "thread")
 
     def flush(*_: object) -> None:
@@ -65,7 +71,8 @@ def _hf_run(
         assert isinstance(writer, ProcessWriter) and writer.remote and not writer.local
         assert writer._proc is not None and writer._proc.returncode == 0
         here = writer.items_here
-        assert here == 0 if mode == "process" else 0 < spawn_after <= here < 800
+        assert here == 0 if mode in ("process", "ahead") else 0 < spawn_after <= here < 800
+        assert ahead is None or writer._proc is ahead
     return handle.run_dir  # type: ignore[return-value]
 
 
@@ -112,6 +119,15 @@ def test_a_hand_over_in_the_middle_of_a_run_writes_the_thread_writers_dump(
     handed = _hf_run(tmp_path / "handover", "handover", monkeypatch, spawn_after, **config)
     _same_dump(thread, handed)
     assert lwdump.index(handed)[-1]["k"] == "end"
+
+
+def test_a_writer_process_started_ahead_takes_a_short_run_at_its_first_batch(tmp_path, monkeypatch):
+    """A writer process started ahead (``layerwatch dump``'s processes start one when torch is
+    imported): the first capture takes it and hands over at once, in a run far too short to
+    start one (``spawn_after``), and it writes the thread writer's dump."""
+    thread = _hf_run(tmp_path / "thread", "thread", monkeypatch)
+    ahead = _hf_run(tmp_path / "ahead", "ahead", monkeypatch, spawn_after=1 << 30)
+    _same_dump(thread, ahead)
 
 
 def test_a_short_run_never_starts_the_writer_process(tmp_path, monkeypatch):
