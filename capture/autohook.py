@@ -68,6 +68,11 @@ def install(settings: dict[str, Any]) -> Any:
         config = config_from_settings(settings)
         if settings.get("seed") is not None:
             seed_all(int(settings["seed"]))
+        from .collectives import rank_info
+        from .writer_process import prestart
+
+        if rank_info() is None:  # a rank's capture writes in its own thread (capture/hooks.py)
+            prestart(config)  # its start overlaps the program's imports (writer_process.py)
         _active = AutoHook(config, os.environ.get(ROOT_ENV) or None)
     return _active
 

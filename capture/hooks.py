@@ -338,6 +338,9 @@ def _forget_in_child() -> None:
             handle._writer._closed = True
             handle._writer.forget()
     _OPEN.clear()
+    warm = sys.modules.get(f"{__package__}.writer_process")
+    if warm is not None:  # a writer process started ahead and not taken yet
+        warm.forget_warm()
     heap.forget()  # the child keeps the frozen heap (no copy-on-write of it) as its own
 
 

@@ -35,9 +35,11 @@ process imports, and at the first batch after the process says it is up it hands
 run's :class:`LayerwatchWriter` state (next data file, counters, topology, statistics-first
 ring, aliases still waiting for their source) crosses once, and the process continues the same
 dump, byte for byte. A run that closes before the hand-over kills the process (it has written
-nothing) and never waits for it. ``LAYERWATCH_WRITER=thread`` keeps the thread writer;
-``LAYERWATCH_WRITER=process`` starts the process with the run and hands over before the first
-batch (waiting for it), as the tests use it.
+nothing) and never waits for it. ``layerwatch dump``'s processes start one ahead, when torch is
+imported (:func:`prestart`): the first capture takes it over at its first batch.
+``LAYERWATCH_WRITER=thread`` keeps the thread writer; ``LAYERWATCH_WRITER=process`` starts the
+process with the run and hands over before the first batch (waiting for it), as the tests use
+it.
 """
 
 from __future__ import annotations
@@ -96,6 +98,58 @@ def wanted(config: DumpConfig, device_type: str) -> bool:
     )
 
 
+_WARM: list[subprocess.Popen[bytes]] = []
+"""A writer process started ahead by :func:`prestart`, for this process's first capture."""
+
+
+def prestart(config: DumpConfig) -> None:
+    """Start a writer process now, for the first host capture of this process to take over at
+    its first batch instead of writing ~10 k items under the model's GIL while one imports.
+
+    ``layerwatch dump``'s processes call it when ``import torch`` completes
+    (``capture/autohook.py``): the process imports numpy (~0.2 s of CPU) while the program
+    imports the rest and builds its model, and ``layerwatch dump`` times whole runs, where a
+    short run does not notice it. A process nobody takes (a device model, the msit format)
+    waits on its pipe and ends with this one, which holds the only copy of its ends."""
+    if _WARM or not wanted(config, "cpu") or not second_core():
+        return
+    with contextlib.suppress(OSError, ValueError):
+        _WARM.append(_popen())
+
+
+def _popen() -> subprocess.Popen[bytes]:
+    """A writer process (``child_main``), its answers on its stdout."""
+    from .launch import ENV_SETTINGS
+
+    env = dict(os.environ)
+    env.pop(ENV_SETTINGS, None)  # never capture the writer, should it ever import torch
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, here],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # a Ctrl-C meant for the model does not cut a batch short
+    )
+    with contextlib.suppress(OSError, AttributeError):  # Linux: fewer wake-ups a batch
+        import fcntl
+
+        fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
+    return proc
+
+
+def forget_warm() -> None:
+    """In a forked child: close its copies of the started process's pipe ends, so that the
+    process still sees this one end (``capture/hooks.py``'s fork handler)."""
+    while _WARM:
+        proc = _WARM.pop()
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+
+
 class ProcessWriter(LayerwatchWriter):
     """The model process's side: sets the run up as the thread writer does, writes the first
     batches itself, then hands the run over to the writer process and sends it the batches.
@@ -134,7 +188,10 @@ class ProcessWriter(LayerwatchWriter):
 
     # --- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
-        if self.forced:
+        if _WARM:  # started ahead (prestart): it takes over at the first batch after it is up
+            self._proc = _WARM.pop()
+            self._acks = self._proc.stdout
+        elif self.forced:
             self._start_process()
         super().start()
 
@@ -145,24 +202,8 @@ class ProcessWriter(LayerwatchWriter):
             self._go_local()
 
     def _spawn(self) -> None:
-        from .launch import ENV_SETTINGS
-
-        env = dict(os.environ)
-        env.pop(ENV_SETTINGS, None)  # never capture the writer, should it ever import torch
-        here = os.path.dirname(os.path.abspath(__file__))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, here],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # a Ctrl-C meant for the model does not cut a batch short
-        )
+        self._proc = _popen()
         self._acks = self._proc.stdout
-        with contextlib.suppress(OSError, AttributeError):  # Linux: fewer wake-ups a batch
-            import fcntl
-
-            fcntl.fcntl(self._proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
 
     def _hand_over(self) -> bool:
         """Before a batch: start the process once the run is long, hand the run over once it

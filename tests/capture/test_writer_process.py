@@ -12,10 +12,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from layerwatch.capture import DumpConfig, register_hook
+from layerwatch.capture import DumpConfig, register_hook, writer_process
 from layerwatch.capture.writer_process import ENV, ProcessWriter
 from support import lwdump, tiny_hf, writers
 from support.wide import Wide
@@ -27,9 +28,14 @@ _VARIES = {"started", "updated", "pid", "argv"}
 
 
 def _hf_run(
-    out: Path, mode: str, monkeypatch: pytest.MonkeyPatch, spawn_after: int = 1, **config: object
+    out: Path,
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spawn_after: int = 1,
+    grad_mode: Any = torch.no_grad,
+    **config: object,
 ) -> Path:
-    writers.select(monkeypatch, mode, spawn_after)
+    writers.select(monkeypatch, "handover" if mode == "ahead" else mode, spawn_after)
     model = tiny_hf.build("llama", torch.float16)
     ids = tiny_hf.prompt()
     # the batches are cut by flushes (each layer's MLP, each token's end) and by batch_bytes,
@@ -37,7 +43,13 @@ def _hf_run(
     # cut inside a layer leaves aliases waiting for their source (the layer's input) and
     # aliases of a source written before the cut: both cross a hand-over there
     config = {"flush_interval": 600.0, **config}
+    ahead = None
+    if mode == "ahead":  # started as layerwatch dump's processes start it (capture/autohook.py)
+        monkeypatch.setattr(writer_process, "second_core", lambda: True)
+        writer_process.prestart(DumpConfig(dump_path=out))
+        (ahead,) = writer_process._WARM
     handle = register_hook(model, DumpConfig(dump_path=out, **config))  # type: ignore[arg-type]
+    assert not writer_process._WARM
     assert isinstance(handle._writer, ProcessWriter) == (mode != "thread")
 
     def flush(*_: object) -> None:
@@ -47,7 +59,7 @@ def _hf_run(
     model.register_forward_hook(flush)
     for layer in model.model.layers:
         layer.mlp.register_forward_hook(flush)
-    with torch.no_grad():
+    with grad_mode():
         model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
             do_sample=False, pad_token_id=0,
@@ -59,7 +71,8 @@ def _hf_run(
         assert isinstance(writer, ProcessWriter) and writer.remote and not writer.local
         assert writer._proc is not None and writer._proc.returncode == 0
         here = writer.items_here
-        assert here == 0 if mode == "process" else 0 < spawn_after <= here < 800
+        assert here == 0 if mode in ("process", "ahead") else 0 < spawn_after <= here < 800
+        assert ahead is None or writer._proc is ahead
     return handle.run_dir  # type: ignore[return-value]
 
 
@@ -87,6 +100,16 @@ def test_the_writer_process_writes_the_thread_writers_dump(tmp_path, monkeypatch
     assert lwdump.index(process)[-1]["k"] == "end"
 
 
+def test_inference_mode_tensors_are_copied_each_time_by_both_writers(tmp_path, monkeypatch):
+    """Inference-mode tensors have no version counter: the records path (capture/recorder.py
+    ``_record_one``) must copy each one, as the items path does, never alias it."""
+    thread = _hf_run(tmp_path / "thread", "thread", monkeypatch, grad_mode=torch.inference_mode)
+    process = _hf_run(tmp_path / "process", "process", monkeypatch, grad_mode=torch.inference_mode)
+    _same_dump(thread, process)
+    lines = [r for r in lwdump.index(process) if r["k"] == "t"]
+    assert len({(r["file"], r["begin"]) for r in lines}) == len(lines)  # every line its own bytes
+
+
 @pytest.mark.parametrize("config", [{}, {"keep_tokens": 3}, {"batch_bytes": 8192}])
 @pytest.mark.parametrize("spawn_after", [1, 40, 200, 400])
 def test_a_hand_over_in_the_middle_of_a_run_writes_the_thread_writers_dump(
@@ -96,6 +119,15 @@ def test_a_hand_over_in_the_middle_of_a_run_writes_the_thread_writers_dump(
     handed = _hf_run(tmp_path / "handover", "handover", monkeypatch, spawn_after, **config)
     _same_dump(thread, handed)
     assert lwdump.index(handed)[-1]["k"] == "end"
+
+
+def test_a_writer_process_started_ahead_takes_a_short_run_at_its_first_batch(tmp_path, monkeypatch):
+    """A writer process started ahead (``layerwatch dump``'s processes start one when torch is
+    imported): the first capture takes it and hands over at once, in a run far too short to
+    start one (``spawn_after``), and it writes the thread writer's dump."""
+    thread = _hf_run(tmp_path / "thread", "thread", monkeypatch)
+    ahead = _hf_run(tmp_path / "ahead", "ahead", monkeypatch, spawn_after=1 << 30)
+    _same_dump(thread, ahead)
 
 
 def test_a_short_run_never_starts_the_writer_process(tmp_path, monkeypatch):
