@@ -30,7 +30,6 @@ from layerwatch.capture.framing import whole_lines
 from layerwatch.engine.readers.base import RankIndex, scandir
 from layerwatch.engine.readers.load import canonical_dtype, load_array
 from layerwatch.engine.records import Locator, Verdict
-from layerwatch.engine.wording import note_lines
 
 NODE_TYPE = "all_reduce"
 REDUCE = {
@@ -473,6 +472,7 @@ def allreduce_main(args: argparse.Namespace) -> int:
         EXIT_FINDING,
         EXIT_OK,
         check_report_path,
+        notes_to_stderr,
         write_object_report,
     )
 
@@ -488,7 +488,7 @@ def allreduce_main(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(report.to_json(), allow_nan=False) + "\n")
     elif not args.output:
         print("\n".join(summary_lines(report)))
-    else:  # a report file only: what was wrong with the input still gets its line
-        sys.stderr.write("".join(line + "\n" for line in note_lines(report.notes)))
+    else:
+        notes_to_stderr(report.notes)
     sys.stdout.flush()
     return EXIT_FINDING if report.first_failure is not None else EXIT_OK

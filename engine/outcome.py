@@ -354,6 +354,13 @@ def write_report(
     return str(path)
 
 
+def notes_to_stderr(notes: Sequence[str]) -> None:
+    """The readers' notes on their input, one line each, where a command prints no summary
+    (a report file only, or ``--json``): a cut-short index or a skipped file is said whatever
+    the output."""
+    sys.stderr.write("".join(line + "\n" for line in note_lines(notes)))
+
+
 def exit_code(summary: Summary, failed_commands: Sequence[str] = ()) -> int:
     """0 clean, 1 a finding: a failed or unreadable pair, or a launched command that failed
     (CI must not pass a run whose command crashed)."""
@@ -423,9 +430,7 @@ def conclude(
         for note in notes:
             out.write(f"note: {note}\n")
     elif not summary_with_report:  # `compare` without its summary (the live front ends
-        # said each note as it came): what was wrong with the input still gets its line
-        for line in note_lines([*session.notes, *notes]):
-            sys.stderr.write(line + "\n")
+        notes_to_stderr([*session.notes, *notes])  # said each note as it came)
     out.flush()
     wrong = mismatch(session, allow_partial=allow_partial)
     if wrong is not None:  # after the report: it shows what was (not) paired

@@ -14,9 +14,14 @@ from typing import TextIO
 
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics import anomaly
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, write_object_report
+from layerwatch.engine.outcome import (
+    EXIT_FINDING,
+    EXIT_OK,
+    check_report_path,
+    notes_to_stderr,
+    write_object_report,
+)
 from layerwatch.engine.scan import APPEARS, ScanReport, ScanRow, scan_dump
-from layerwatch.engine.wording import note_lines
 
 
 def summary_lines(report: ScanReport) -> list[str]:
@@ -120,7 +125,7 @@ def scan_main(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
     elif not args.output:
         print("\n".join(summary_lines(report)))
-    else:  # a report file only: what was wrong with the input still gets its line
-        sys.stderr.write("".join(line + "\n" for line in note_lines(report.notes)))
+    else:
+        notes_to_stderr(report.notes)
     sys.stdout.flush()
     return EXIT_FINDING if report.rows else EXIT_OK

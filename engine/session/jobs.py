@@ -231,12 +231,12 @@ class JobRunner:
 
         if self.jobs <= 1:
             return True
-        paired = [r for r in golden if r.loc is not None]
-        if not fused.unchanged_by(sum(math.prod(r.shape) for r in paired)):
+        sizes = [math.prod(r.shape) for r in golden if r.loc is not None]  # the pairs'
+        if not fused.unchanged_by(sum(sizes)):
             return False
-        small = sum(1 for r in paired if 0 < math.prod(r.shape) <= SMALL)
+        small = sum(1 for n in sizes if 0 < n <= SMALL)
         nbytes = sum(_nbytes(r) for r in golden) + sum(_nbytes(r) for r in target)
-        cost = _estimate(small, len(paired) - small, nbytes)
+        cost = _estimate(small, len(sizes) - small, nbytes)
         return cost < self.MIN_PARALLEL_COST
 
     @contextmanager
