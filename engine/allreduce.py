@@ -30,6 +30,7 @@ from layerwatch.capture.framing import whole_lines
 from layerwatch.engine.readers.base import RankIndex, scandir
 from layerwatch.engine.readers.load import canonical_dtype, load_array
 from layerwatch.engine.records import Locator, Verdict
+from layerwatch.engine.wording import note_lines
 
 NODE_TYPE = "all_reduce"
 REDUCE = {
@@ -463,7 +464,7 @@ def summary_lines(report: AllReduceReport) -> list[str]:
             f"first failure: token {first.token} · {first.node} · rank {first.rank} "
             f"({first.op}): {first.reason or first.verdict.value}"
         )
-    lines.extend(f"note: {n}" for n in report.notes)
+    lines.extend(note_lines(report.notes))
     return lines
 
 

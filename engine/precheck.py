@@ -39,6 +39,7 @@ from layerwatch.engine.records import (
     Topology,
     Verdict,
 )
+from layerwatch.engine.wording import note_lines
 
 EXIT_OK, EXIT_FINDING, EXIT_UNUSABLE = 0, 1, 2
 HOW_TO_WEIGHTS = "capture them with `layerwatch dump --weights ...` or DumpConfig(dump_weight=True)"
@@ -509,6 +510,5 @@ def precheck_main(args: Any) -> int:
         sys.stdout.write(json.dumps(report.to_json()) + "\n")
     else:
         sys.stdout.write(summary_line(report) + "\n")
-        for note in report.notes[:5]:
-            sys.stdout.write(f"note: {note}\n")
+        sys.stdout.write("".join(line + "\n" for line in note_lines(report.notes)))
     return EXIT_FINDING if report.failed or report.errors else EXIT_OK

@@ -26,6 +26,7 @@ from typing import Any
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics import precheck as ref
 from layerwatch.engine.records import PairResult, TensorKey, Verdict
+from layerwatch.engine.wording import note_lines
 
 ENTRY = "layerwatch.engine.replay_child:install"
 EXIT_OK, EXIT_FINDING = 0, 1
@@ -146,8 +147,7 @@ def replay_main(args: Any) -> int:
             )
             for row in report.failed:
                 sys.stdout.write(f"FAIL {row.key.node} ({row.node_type}): {row.reason}\n")
-            for note in report.notes[:5]:
-                sys.stdout.write(f"note: {note}\n")
+            sys.stdout.write("".join(line + "\n" for line in note_lines(report.notes)))
     finally:
         if not keep:
             shutil.rmtree(out, ignore_errors=True)

@@ -22,6 +22,7 @@ from layerwatch.engine.outcome import (
     write_object_report,
 )
 from layerwatch.engine.scan import APPEARS, ScanReport, ScanRow, scan_dump
+from layerwatch.engine.wording import note_lines
 
 
 def summary_lines(report: ScanReport) -> list[str]:
@@ -30,7 +31,7 @@ def summary_lines(report: ScanReport) -> list[str]:
     head = (
         f"scanned {report.tensors} outputs of {report.nodes} node calls over {report.tokens} tokens"
     )
-    notes = [f"note: {n}" for n in report.notes]
+    notes = note_lines(report.notes)
     if first is None:
         return [f"{head}: no anomaly (NaN, Inf, saturation, all-zero, jump)", *notes]
     lines = [

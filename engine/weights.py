@@ -36,6 +36,7 @@ import numpy as np
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, write_object_report
 from layerwatch.engine.readers.checkpoints import WeightEntry, WeightSet, open_weights
+from layerwatch.engine.wording import note_lines
 
 PREFIXES = ("_orig_mod.", "module.", "model.", "root.")
 SCALE_SUFFIXES = ("_scale", "_offset", "_scale_inv")
@@ -464,7 +465,7 @@ def summary_lines(report: WeightReport) -> list[str]:
         if names:
             shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
             lines.append(f"only in {side}: {shown}")
-    lines += [f"note: {n}" for n in report.notes]
+    lines += note_lines(report.notes)
     return lines
 
 

@@ -387,3 +387,25 @@ def test_user_thresholds_apply_to_weights(
     assert main(["weights", str(golden), str(clean), "--thresholds", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "weights.int9" in err and "Traceback" not in err
+
+
+def test_many_damaged_shards_do_not_bury_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every damaged shard is a note; the text summary shows the first eight and how many more
+    (as ``compare``'s does), ``--json`` keeps them all."""
+    torch.manual_seed(0)
+    model = build()
+    model.save_pretrained(tmp_path / "g", max_shard_size="4KB")
+    model.save_pretrained(tmp_path / "t", max_shard_size="4KB")
+    shards = sorted((tmp_path / "t").glob("*.safetensors"))
+    assert len(shards) >= 12
+    for shard in shards[:11]:
+        shard.write_bytes(shard.read_bytes()[:64])  # cut inside the header
+    code = main(["weights", str(tmp_path / "g"), str(tmp_path / "t"), "--json"])
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert code == 1 and len(notes) >= 11
+    main(["weights", str(tmp_path / "g"), str(tmp_path / "t")])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert lines[:8] == [f"note: {n}" for n in notes[:8]]
+    assert lines[8:] == [f"note: … {len(notes) - 8} more"]
