@@ -189,8 +189,7 @@ class ProcessWriter(LayerwatchWriter):
     # --- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
         if _WARM:  # started ahead (prestart): it takes over at the first batch after it is up
-            self._proc = _WARM.pop()
-            self._acks = self._proc.stdout
+            self._spawn(_WARM.pop())
         elif self.forced:
             self._start_process()
         super().start()
@@ -201,8 +200,9 @@ class ProcessWriter(LayerwatchWriter):
         except (OSError, ValueError):  # no process
             self._go_local()
 
-    def _spawn(self) -> None:
-        self._proc = _popen()
+    def _spawn(self, proc: subprocess.Popen[bytes] | None = None) -> None:
+        """Start the writer process, or take ``proc`` (one started ahead by :func:`prestart`)."""
+        self._proc = proc if proc is not None else _popen()
         self._acks = self._proc.stdout
 
     def _hand_over(self) -> bool:
