@@ -52,10 +52,17 @@ ELEMENTS = 16
 FORMATS = ("layerwatch", "msit", "atb", "msprobe")
 
 
+PER_LAYER = [len(LAYER_OPS)]
+"""Leaf operators a layer (``--ops-per-layer``): fewer gives as many grid columns (layers) with
+fewer pairs a token — the goal session's grid of 32 768 tokens × 112 layers for real, at a
+fraction of its 65 M pairs and of their disk."""
+
+
 def nodes_for(tensors: int) -> list[tuple[str, str]]:
     """Leaf nodes (name, type) giving about ``tensors`` tensors a token (two per node)."""
-    layers = max(1, -(-tensors // (2 * len(LAYER_OPS))))
-    out = [(f"root.model.layers.{i}.{op}", kind) for i in range(layers) for op, kind in LAYER_OPS]
+    ops = LAYER_OPS[: PER_LAYER[0]]
+    layers = max(1, -(-tensors // (2 * len(ops))))
+    out = [(f"root.model.layers.{i}.{op}", kind) for i in range(layers) for op, kind in ops]
     return out[: max(1, tensors // 2)]
 
 
@@ -383,7 +390,8 @@ def make_pair(
 ) -> tuple[Path, Path, int]:
     """Golden and target dumps (cached by size and format); returns their paths and the pair
     count. ``fmt``: ``layerwatch`` or ``msit`` (its per-token directories)."""
-    base = work / f"{'' if fmt == 'layerwatch' else fmt + '-'}t{tokens}x{tensors}n{noise:g}"
+    ops = "" if PER_LAYER[0] == len(LAYER_OPS) else f"o{PER_LAYER[0]}"
+    base = work / f"{'' if fmt == 'layerwatch' else fmt + '-'}t{tokens}x{tensors}{ops}n{noise:g}"
     done = base / "pairs"
     if done.is_file():
         return base / "golden", base / "target", int(done.read_text())
@@ -768,6 +776,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, nargs="*", default=[100_000, 1_000_000])
     parser.add_argument("--big", action="store_true", help="also 4 M pairs")
     parser.add_argument("--tensors", type=int, default=2000, help="tensors a token")
+    parser.add_argument(
+        "--ops-per-layer",
+        type=int,
+        default=len(LAYER_OPS),
+        choices=range(1, len(LAYER_OPS) + 1),
+        metavar=f"1..{len(LAYER_OPS)}",
+        help="leaf operators a layer (fewer: as many layers, fewer pairs a token)",
+    )
     parser.add_argument("--suffix", default=".csv", help="report format: .csv .json .jsonl")
     parser.add_argument("--open", action="store_true", help="time opening the golden index")
     parser.add_argument(
@@ -817,6 +833,7 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/layerwatch-bench-scale"))
     args = parser.parse_args()
+    PER_LAYER[0] = args.ops_per_layer
     if args.open_only:
         args.work.mkdir(parents=True, exist_ok=True)
         open_table(
