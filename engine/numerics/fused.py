@@ -114,16 +114,18 @@ def loaded() -> bool:
     return _STATE["kernel"] is not None and not disabled()
 
 
+def _loads_at(total: int) -> bool:
+    """The one load rule: ``total`` elements counted load the kernel, unless it is disabled,
+    already loaded or failed to load."""
+    if disabled() or _STATE["kernel"] is not None or _STATE["failed"]:
+        return False
+    return total >= MIN_ELEMS
+
+
 def unchanged_by(elems: int) -> bool:
     """Whether counting ``elems`` more elements (:func:`kernel_for` ``running``) leaves this
-    process's kernel as it is: loaded, disabled, unavailable, or still short of
-    :data:`MIN_ELEMS` (forked children never see a kernel loaded after their fork)."""
-    return (
-        disabled()
-        or _STATE["kernel"] is not None
-        or _STATE["failed"]
-        or _STATE["seen"] + elems < MIN_ELEMS
-    )
+    process's kernel as it is (forked children never see a kernel loaded after their fork)."""
+    return not _loads_at(_STATE["seen"] + elems)
 
 
 def kernel_for(elems: int, *, running: bool = False) -> Kernel | None:
@@ -138,7 +140,7 @@ def kernel_for(elems: int, *, running: bool = False) -> Kernel | None:
     if running:
         _STATE["seen"] += elems
         elems = _STATE["seen"]
-    return load() if elems >= MIN_ELEMS else None
+    return load() if _loads_at(elems) else None
 
 
 def load() -> Kernel | None:
