@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.readers.base import RankIndex, ReaderUpdate, scandir, skipped_note
+from layerwatch.engine.readers.base import (
+    RankIndex,
+    ReaderUpdate,
+    cut_short_note,
+    scandir,
+    skipped_note,
+)
+from layerwatch.engine.readers.json_stream import JsonStreamError, ObjectStream
 from layerwatch.engine.readers.load import canonical_dtype, load_array
 from layerwatch.engine.readers.locate import _RANK, _STEP, DUMP
 from layerwatch.engine.readers.locate import locate_msprobe as locate
@@ -220,7 +227,9 @@ class MsprobeReader:
     def _close_step(self, at: _Streams, update: ReaderUpdate) -> None:
         """Every rank of the step read: the next step's tokens come after its last."""
         for calls, _ in at.ranks:
-            if not calls.has_data:
+            if calls.cut is not None:
+                self._note(_cut_note(calls.path, calls.cut, calls.splitter.entries), update)
+            elif not calls.has_data:
                 self._note(skipped_note(calls.path), update)
         at.offset += max((calls.splitter.tokens for calls, _ in at.ranks), default=0)
         at.ranks = []
@@ -273,10 +282,16 @@ class MsprobeReader:
             dump = json.loads(path.read_bytes())
             data = dump["data"]
         except (OSError, ValueError, KeyError, TypeError):
-            if final and skipped_note(path) not in self._notes:  # never rewritten again
-                self._notes.add(skipped_note(path))
-                update.notes.append(skipped_note(path))
-            return self._tokens_in_step.get(str(state.path), 0), False  # rewritten right now
+            # Being written now (a live read waits for the whole file), or never to be whole:
+            # a file cut short keeps its complete calls, a corrupt one is skipped.
+            cut = _read_cut(path) if final else None
+            if cut is None:
+                if final:
+                    self._note(skipped_note(path), update)
+                return self._tokens_in_step.get(str(state.path), 0), False
+            dump, at = cut
+            data = dump["data"]
+            self._note(_cut_note(path, at, len(data)), update)
         try:
             construct = json.loads((state.path / CONSTRUCT).read_bytes())
         except (OSError, ValueError):
@@ -403,6 +418,32 @@ class MsprobeReader:
                 self._ids.add((state.rank, token))
             except LayerwatchError:
                 pass
+
+
+def _read_cut(path: Path) -> tuple[dict[str, Any], int] | None:
+    """A ``dump.json`` that ``json.loads`` refused, read as far as it is whole: (the outer
+    object with ``data`` holding the complete calls, where the file ends) when it is cut short
+    and nothing else is wrong; None when it is corrupt (or cannot be read)."""
+    dump: dict[str, Any] = {}
+    data: dict[str, Any] = {}
+    try:
+        stream = ObjectStream(path, cut_ok=True)
+        for where, name, value in stream.walk("data"):
+            if where is None:
+                dump.setdefault(name, value)
+            elif isinstance(value, dict):
+                data[name] = value
+    except (OSError, JsonStreamError):
+        return None
+    if stream.cut is None or ("data" in dump and not isinstance(dump["data"], dict)):
+        return None
+    dump["data"] = data
+    return dump, stream.cut
+
+
+def _cut_note(path: Path, at: int, calls: int) -> str:
+    """:func:`~.base.cut_short_note` for a rank's ``dump.json`` (``step0 rank0`` is the rest)."""
+    return cut_short_note(path, at, calls, f"{path.parent.parent.name} {path.parent.name}")
 
 
 def _late_data_dir(calls: RankCalls) -> Callable[[], Path | None]:

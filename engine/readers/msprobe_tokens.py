@@ -178,7 +178,8 @@ Call = tuple[str, dict, Any]
 class RankCalls:
     """One rank's ``dump.json`` as tokens of calls, read as a stream (``compare``'s windows):
     what is held is the splitter's first token, the construct.json entries read ahead and one
-    buffer. Corrupt or cut JSON raises :class:`~.json_stream.JsonStreamError` where found."""
+    buffer. A file cut short ends at its last complete call (:attr:`cut` says where); corrupt
+    JSON raises :class:`~.json_stream.JsonStreamError` where found."""
 
     def __init__(self, rank_dir: Path, dump: str, construct: str) -> None:
         self.path = rank_dir / dump
@@ -188,13 +189,13 @@ class RankCalls:
         tops = None
         if not self._parents.present:  # which modules are top-level needs every module first
             paths = set()
-            for where, name, value in ObjectStream(self.path).walk("data"):
+            for where, name, value in ObjectStream(self.path, cut_ok=True).walk("data"):
                 parts = module_parts(name) if where is not None else None
                 if parts is not None and isinstance(value, dict):
                     paths.add(parts[0])
             tops = top_paths(paths)
         self.splitter: TokenSplitter[tuple[Call, int]] = TokenSplitter(tops)
-        self._stream = ObjectStream(self.path)
+        self._stream = ObjectStream(self.path, cut_ok=True)
         self._entries = self._stream.walk("data")
         self._ready: deque[tuple[int, tuple[Call, int]]] = deque()
         self.done = False
@@ -236,6 +237,11 @@ class RankCalls:
         self._ready.extend(self.splitter.finish())
 
     @property
+    def cut(self) -> int | None:
+        """Where the file ends early (characters), once read to there; None: whole so far."""
+        return self._stream.cut
+
+    @property
     def has_data(self) -> bool:
         """A ``data`` object was read (a file without one is skipped, as when read whole)."""
         return self._stream.nested_seen
@@ -243,7 +249,7 @@ class RankCalls:
     def late_head(self, key: str) -> Any:
         """An outer key written after ``data`` (read to the end once more for it)."""
         if key not in self.head and not self.done:
-            for where, name, value in ObjectStream(self.path).walk("data"):
+            for where, name, value in ObjectStream(self.path, cut_ok=True).walk("data"):
                 if where is None and name != "data":
                     self.head.setdefault(name, value)
         return self.head.get(key)
