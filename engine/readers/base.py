@@ -254,12 +254,11 @@ CUT_SHORT = ": cut short at character "
 looks for it: the tensors a cut left unpaired are no sign of unrelated dumps)."""
 
 
-def cut_short_note(path: str | os.PathLike[str], at: int, calls: int, rest: str) -> str:
+def cut_short_note(path: str | os.PathLike[str], at: int, read: str, rest: str) -> str:
     """The note for a file that ends part-way (a run killed while it wrote it): what was read
-    before the cut is compared, ``rest`` (e.g. ``step0 rank0``) after it is not."""
-    return (
-        f"{path}{CUT_SHORT}{at}, after {calls} complete calls; the rest of {rest} is not compared"
-    )
+    before the cut (``read``, e.g. ``143 complete calls``) is compared, ``rest`` (e.g. ``step0
+    rank0``) after it is not."""
+    return f"{path}{CUT_SHORT}{at}, after {read}; the rest of {rest} is not compared"
 
 
 def is_tmp_name(name: str) -> bool:

@@ -443,7 +443,8 @@ def _read_cut(path: Path) -> tuple[dict[str, Any], int] | None:
 
 def _cut_note(path: Path, at: int, calls: int) -> str:
     """:func:`~.base.cut_short_note` for a rank's ``dump.json`` (``step0 rank0`` is the rest)."""
-    return cut_short_note(path, at, calls, f"{path.parent.parent.name} {path.parent.name}")
+    rest = f"{path.parent.parent.name} {path.parent.name}"
+    return cut_short_note(path, at, f"{calls} complete calls", rest)
 
 
 def _late_data_dir(calls: RankCalls) -> Callable[[], Path | None]:
