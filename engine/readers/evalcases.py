@@ -154,7 +154,7 @@ def _csv_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _jsonl_rows(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
-    out = []
+    out: list[tuple[int, dict[str, Any]]] = []
     lines = text.splitlines()
     torn = bool(text) and not text.endswith(("\n", "\r"))
     for n, line in enumerate(lines, 1):
