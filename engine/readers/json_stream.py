@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -79,7 +79,7 @@ class ObjectStream:
         return self._base + self._pos
 
     # --- the outer object ---------------------------------------------------------------------
-    def walk(self, nested: str | None = None) -> Iterator[tuple[str | None, str, Any]]:
+    def walk(self, nested: str | None = None) -> Generator[tuple[str | None, str, Any]]:
         """(None, key, value) for each outer entry, (``nested``, key, value) for each entry of
         the outer ``nested`` object (the object itself never yielded). Raises
         :class:`JsonStreamError` where ``json.loads`` would fail, except a clean cut at the end

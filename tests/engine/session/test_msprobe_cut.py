@@ -161,3 +161,31 @@ def test_a_file_being_written_is_waited_for_not_reported_cut(tmp_path: Path) -> 
     assert not again.poll(None).notes
     final = again.poll(None, final=True)
     assert [n for n in final.notes if "cut short" in n] and final.tensors
+
+
+def test_construct_json_cut_short_reads_the_calls_it_places(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """construct.json (each call's parent) cut short beside a whole dump.json: the calls up to
+    the first one it lacks are compared (its place in the tree, so its token and an API's
+    name, is unknown past the cut), stream and whole reads alike, with one note naming it."""
+    golden, target = _pair(tmp_path)
+    construct = target / "step0" / "proc0" / "construct.json"
+    text = construct.read_text()
+    at = text.index('"Module.', len(text) // 2) + 7
+    construct.write_text(text[:at])
+    placed = set(json.loads(text[: text.rindex(",", 0, at)] + "}"))
+    calls = json.loads((target / "step0" / "proc0" / "dump.json").read_text())["data"]
+    first_lacking = next(i for i, name in enumerate(calls) if name not in placed)
+    want = sum(
+        len(v["input_args"]) + len(v["output"]) for v in list(calls.values())[:first_lacking]
+    )
+    capsys.readouterr()
+    code, _ = windowed_report(golden, target, tmp_path / "cut.csv", monkeypatch)
+    err = capsys.readouterr().err
+    assert f"{construct}: cut short at character {at}, after {first_lacking} complete calls" in err
+    rows = _rows(tmp_path / "cut.csv", "", "")
+    assert len([r for r in rows.values() if r[24] != "unpaired"]) == want
+    assert code == (1 if any(r[24] == "fail" for r in rows.values()) else 0)
+    whole_run_report(golden, target, tmp_path / "whole-read.csv")
+    assert (tmp_path / "whole-read.csv").read_bytes() == (tmp_path / "cut.csv").read_bytes()
