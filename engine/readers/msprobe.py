@@ -309,8 +309,10 @@ class MsprobeReader:
             construct, construct_cut = cut if cut is not None else ({}, None)
         state.sig = sig
         entries = [(name, value) for name, value in data.items() if isinstance(value, dict)]
-        lacking = next((i for i, (n, _) in enumerate(entries) if n not in construct), None)
-        if construct and construct_cut is not None and lacking is not None:
+        lacking = None
+        if construct and construct_cut is not None:
+            lacking = next((i for i, (n, _) in enumerate(entries) if n not in construct), None)
+        if lacking is not None and construct_cut is not None:
             # The calls from the first one construct.json lacks have no known place in the
             # tree (their token, an API's name): not read, as if dump.json ended there.
             entries = entries[:lacking]
