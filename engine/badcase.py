@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, write_object_report
+from layerwatch.engine.outcome import (
+    EXIT_FINDING,
+    EXIT_OK,
+    check_report_path,
+    notes_to_stderr,
+    write_object_report,
+)
 from layerwatch.engine.readers.evalcases import EvalCase, EvalRun, read_eval
 
 BAD = "bad"
@@ -75,6 +81,8 @@ class BadCaseReport:
     target_only: tuple[str, ...]
     with_queries: bool
     skipped: int
+    notes: tuple[str, ...] = ()
+    """What the readers noticed about the files (a last line cut short and left out)."""
 
     @property
     def bad(self) -> list[CasePair]:
@@ -145,6 +153,7 @@ def analyze(golden: EvalRun, target: EvalRun) -> BadCaseReport:
         tuple(c.key for c in by_id.values()),
         with_queries,
         golden.skipped + target.skipped,
+        golden.notes + target.notes,
     )
 
 
@@ -209,6 +218,7 @@ def summary_lines(report: BadCaseReport) -> list[str]:
         )
     if report.skipped:
         lines.append(f"note: {report.skipped} rows without key or pass value skipped")
+    lines.extend(f"note: {note}" for note in report.notes)
     if bad:
         pair = bad[0]
         k = pair.first_diff_token
@@ -225,6 +235,7 @@ def badcase_main(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
+        notes_to_stderr(report.notes)
     else:
         print("\n".join(summary_lines(report)))
     return EXIT_FINDING if report.bad else EXIT_OK

@@ -13,7 +13,10 @@ Mismatched input (:func:`mismatch`), so that a comparison of unrelated or damage
 read as a clean pass: every pair unreadable; the prompt ids differ at token 0; more than
 ``MOST_UNPAIRED`` (half) of all tensors seen found no partner; no pair passed or failed at all.
 ``--allow-partial`` waives the unpaired rule (and "none passed or failed" when only unpaired
-tensors are the cause) for a sub-graph compared on purpose.
+tensors are the cause) for a sub-graph compared on purpose; a side a reader found cut short (a
+``dump.json`` a killed run left part-written, ``readers.base.cut_short_note``) waives the unpaired
+rule too: what the cut left without a partner is said in that note, and the exit code comes
+from the pairs before the cut.
 
 Report files: the suffix names the format — ``.csv`` (msit's columns plus verdicts), ``.json``
 (the ``--json`` object), ``.jsonl`` (one row per line, then one summary line), and for a
@@ -37,6 +40,7 @@ from typing import Any, BinaryIO, TextIO
 
 from layerwatch.capture.atomic import replacing, temp_path
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.readers.base import CUT_SHORT
 from layerwatch.engine.records import PairResult, Verdict
 from layerwatch.engine.report import (
     LINE_METRICS,
@@ -99,7 +103,8 @@ def mismatch(session: Any, *, allow_partial: bool = False) -> str | None:
     ids = {side: session.token_ids(side).get(0) for side in ("golden", "target")}
     other_prompt = None not in ids.values() and ids["golden"] != ids["target"]
     seen = 2 * s.pairs + s.unpaired
-    mostly_unpaired = not allow_partial and seen and s.unpaired > MOST_UNPAIRED * seen
+    cut = any(CUT_SHORT in note for note in getattr(session, "notes", ()))
+    mostly_unpaired = not (allow_partial or cut) and seen and s.unpaired > MOST_UNPAIRED * seen
     if mostly_unpaired:
         what = "model and prompt" if other_prompt else "model"
         return (

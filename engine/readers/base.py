@@ -249,6 +249,18 @@ def skipped_note(path: str | os.PathLike[str]) -> str:
     return f"{path}: truncated or corrupt, skipped"
 
 
+CUT_SHORT = ": cut short at character "
+"""What every cut-short note holds (:func:`cut_short_note`; engine/outcome.py's ``mismatch``
+looks for it: the tensors a cut left unpaired are no sign of unrelated dumps)."""
+
+
+def cut_short_note(path: str | os.PathLike[str], at: int, read: str, rest: str) -> str:
+    """The note for a file that ends part-way (a run killed while it wrote it): what was read
+    before the cut (``read``, e.g. ``143 complete calls``) is compared, ``rest`` (e.g. ``step0
+    rank0``) after it is not."""
+    return f"{path}{CUT_SHORT}{at}, after {read}; the rest of {rest} is not compared"
+
+
 def is_tmp_name(name: str) -> bool:
     """Names writers use for files being written (never read them)."""
     return name.startswith((".tmp-", ".")) or name.endswith((".tmp", ".part", ".swp"))

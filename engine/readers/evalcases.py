@@ -5,7 +5,10 @@ the columns ``key`` and ``passed`` (msit's alias ``pass`` is accepted), optional
 ``input_token_ids`` and ``output_token_ids`` (list literals such as ``[1, 2, 3]``). Pass values
 are spelled True/False, true/false, 1/0, yes/no or Correct/Wrong, any case. Rows whose key or
 pass value is empty are skipped and counted, as msit drops rows with a missing value; anything
-else malformed is a one-line :class:`LayerwatchError` naming the file and the line.
+else malformed is a one-line :class:`LayerwatchError` naming the file and the line — except the
+last line of a CSV or JSONL file that ends without a newline (an evaluation killed while it
+wrote that line): when it does not read as a whole row it is left out with a note
+(:attr:`EvalRun.notes`), and every row before it is kept.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class EvalRun:
     """The columns the file has (after the ``pass`` → ``passed`` rename)."""
     skipped: int
     """Rows dropped for an empty key or pass value."""
+    notes: tuple[str, ...] = ()
+    """What was noticed about the file: its last line cut short and left out."""
 
     @property
     def has_queries(self) -> bool:
@@ -60,25 +65,37 @@ def read_eval(path: str | Path) -> EvalRun:
     p = Path(path)
     if not p.is_file():
         raise LayerwatchError(f"{p}: no such evaluation file")
-    rows = _raw_rows(p)
+    rows, torn = _raw_rows(p)
     columns = _columns(p, rows)
     cases: list[EvalCase] = []
     skipped = 0
     seen: dict[tuple[str, str | None], int] = {}
+    notes = [] if torn is None else [_torn_note(p, torn)]
+    open_end = torn is None and bool(rows) and _unterminated(p)
     for line, row in rows:
         key = _text(row.get("key"))
         passed = _text(row.get("passed"))
+        last = open_end and line == rows[-1][0]  # may be cut short: not whole is not an error
         if not key or not passed:
-            skipped += 1
+            if last:
+                notes.append(_torn_note(p, line))
+            else:
+                skipped += 1
             continue
-        case = EvalCase(
-            key=key,
-            passed=_flag(p, line, passed),
-            queries=_text(row.get("queries")) if "queries" in columns else None,
-            input_ids=_ids(p, line, "input_token_ids", row.get("input_token_ids")),
-            output_ids=_ids(p, line, "output_token_ids", row.get("output_token_ids")),
-            line=line,
-        )
+        try:
+            case = EvalCase(
+                key=key,
+                passed=_flag(p, line, passed),
+                queries=_text(row.get("queries")) if "queries" in columns else None,
+                input_ids=_ids(p, line, "input_token_ids", row.get("input_token_ids")),
+                output_ids=_ids(p, line, "output_token_ids", row.get("output_token_ids")),
+                line=line,
+            )
+        except LayerwatchError:
+            if not last:
+                raise
+            notes.append(_torn_note(p, line))
+            continue
         ident = (case.key, case.queries)
         if ident in seen:
             raise LayerwatchError(
@@ -86,21 +103,36 @@ def read_eval(path: str | Path) -> EvalRun:
             )
         seen[ident] = line
         cases.append(case)
-    return EvalRun(p, tuple(cases), columns, skipped)
+    return EvalRun(p, tuple(cases), columns, skipped, tuple(notes))
 
 
-def _raw_rows(p: Path) -> list[tuple[int, dict[str, Any]]]:
+def _torn_note(p: Path, line: int) -> str:
+    return f"{p}:{line}: last line cut short (no newline at the end), skipped"
+
+
+def _unterminated(p: Path) -> bool:
+    """The file's last byte is not a line end: its last line may be cut short."""
+    with p.open("rb") as fh:
+        fh.seek(0, 2)
+        if fh.tell() == 0:
+            return False
+        fh.seek(-1, 2)
+        return fh.read(1) not in (b"\n", b"\r")
+
+
+def _raw_rows(p: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
+    """The rows, and the number of a JSONL last line cut short (left out), else None."""
     try:
         text = p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise LayerwatchError(f"{p}: cannot read: {exc}") from None
     suffix = p.suffix.lower()
     if suffix == ".csv":
-        return _csv_rows(p, text)
+        return _csv_rows(p, text), None
     if suffix in (".jsonl", ".ndjson"):
         return _jsonl_rows(p, text)
     if suffix == ".json":
-        return _json_rows(p, text)
+        return _json_rows(p, text), None
     raise LayerwatchError(f"{p}: unknown evaluation file type (supported: .csv, .jsonl, .json)")
 
 
@@ -121,19 +153,23 @@ def _csv_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def _jsonl_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
+def _jsonl_rows(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
+    out: list[tuple[int, dict[str, Any]]] = []
+    lines = text.splitlines()
+    torn = bool(text) and not text.endswith(("\n", "\r"))
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
+            if torn and n == len(lines):
+                return out, n
             raise LayerwatchError(f"{p}:{n}: not a JSON object: {exc.msg}") from None
         if not isinstance(obj, dict):
             raise LayerwatchError(f"{p}:{n}: not a JSON object")
         out.append((n, _renamed(obj)))
-    return out
+    return out, None
 
 
 def _json_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:

@@ -6,13 +6,19 @@ megabytes, and ``json.loads`` of them keeps every entry as Python objects (~2 KB
 standard library has no streaming parser, so this walks the outer object's punctuation itself
 and hands each value to ``json.JSONDecoder.raw_decode`` (the C scanner) over a buffer refilled
 from the file: only one entry and one buffer are held. Values are what ``json.loads`` gives.
+
+A file cut short (what a run killed while it wrote its step leaves) is told apart from a corrupt
+one: with ``cut_ok`` a walk whose only fault is that the file ends — the text after the failure
+point is blank, an unterminated string, or the start of a number or a literal — simply ends
+there, every complete entry yielded, and :attr:`ObjectStream.cut` says where. Anything else
+(a stray character, garbage followed by more text) is :class:`JsonStreamError` as before.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,10 +32,20 @@ _WS = " \t\n\r"
 _KEY = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
 """A key without escapes or control characters (what json.loads takes as it is), its colon."""
 _AFTER = re.compile(r"[ \t\n\r]*([,}])")
+_CUT_TAIL = re.compile(
+    r"[ \t\n\r]*|[-+0-9.eE]+|t(?:r(?:u)?)?|f(?:a(?:l(?:s)?)?)?|n(?:u(?:l)?)?|N(?:a)?"
+    r"|-?I(?:n(?:f(?:i(?:n(?:i(?:t)?)?)?)?)?)?"
+)
+"""What may follow the point where decoding failed when the only fault is the file's end: blanks,
+a number or a literal (``true``, ``NaN``, ``Infinity``...) cut part-way."""
 
 
 class JsonStreamError(LayerwatchError):
     """The file is truncated or is not the JSON object it should be (one line, with where)."""
+
+
+class _Cut(Exception):
+    """The file ends early and nothing else is wrong (caught by :meth:`ObjectStream.walk`)."""
 
 
 class ObjectStream:
@@ -37,8 +53,11 @@ class ObjectStream:
     outer object, except that the value of ``nested`` (an object) is not built: its entries are
     yielded one by one as (``nested``, key, value) triples instead (:meth:`walk`)."""
 
-    def __init__(self, path: Path, block: int | None = None) -> None:
+    def __init__(self, path: Path, block: int | None = None, *, cut_ok: bool = False) -> None:
         self.path = path
+        self._cut_ok = cut_ok
+        self.cut: int | None = None
+        """Where the file ends early (characters), when ``cut_ok`` ended the walk there."""
         # What json.loads of the file's bytes accepts: UTF-8 with or without a byte order mark.
         self._fh: TextIO = open(path, encoding="utf-8-sig", errors="surrogatepass")  # noqa: SIM115
         self._block = block or BLOCK
@@ -60,10 +79,11 @@ class ObjectStream:
         return self._base + self._pos
 
     # --- the outer object ---------------------------------------------------------------------
-    def walk(self, nested: str | None = None) -> Iterator[tuple[str | None, str, Any]]:
+    def walk(self, nested: str | None = None) -> Generator[tuple[str | None, str, Any]]:
         """(None, key, value) for each outer entry, (``nested``, key, value) for each entry of
         the outer ``nested`` object (the object itself never yielded). Raises
-        :class:`JsonStreamError` where ``json.loads`` would fail."""
+        :class:`JsonStreamError` where ``json.loads`` would fail, except a clean cut at the end
+        of the file when ``cut_ok``: the walk ends there and :attr:`cut` is set."""
         try:
             self._expect("{")
             for key in self._keys():
@@ -76,6 +96,8 @@ class ObjectStream:
                     yield None, key, self._value()
             if self._peek(eof_ok=True) != "":
                 self._fail("extra data after the object")
+        except _Cut:
+            self.cut = self.position
         finally:
             self.close()
 
@@ -156,12 +178,25 @@ class ObjectStream:
                 near_end = exc.pos + 65_536 >= len(self._buf)
                 if near_end and len(self._buf) - self._pos < MAX_VALUE and self._fill():
                     continue
-                self._fail(exc.msg, self._base + exc.pos)
+                self._fail(exc.msg, self._base + exc.pos, exc.msg)
             if end == len(self._buf) and self._fill():
                 continue  # a number at the buffer's end may go on in the next block
             self._pos = end
             return value
 
-    def _fail(self, what: str, at: int | None = None) -> None:
+    def _fail(self, what: str, at: int | None = None, decoding: str = "") -> None:
         at = self.position if at is None else at
+        if self._cut_ok and self._eof and self._only_cut(at - self._base, decoding):
+            self._pos = len(self._buf)
+            raise _Cut
         raise JsonStreamError(f"{self.path}: truncated or corrupt JSON at character {at}: {what}")
+
+    def _only_cut(self, i: int, decoding: str) -> bool:
+        """The text from buffer index ``i`` (where decoding failed) to the end of the file is
+        what a cut leaves, not a fault: ``decoding`` is the decoder's message."""
+        tail = self._buf[i:]
+        if decoding.startswith("Unterminated string"):
+            return True  # the scanner met the end before the closing quote
+        if decoding.startswith("Invalid \\uXXXX"):
+            return re.fullmatch(r"u[0-9a-fA-F]{0,3}", tail) is not None
+        return _CUT_TAIL.fullmatch(tail) is not None

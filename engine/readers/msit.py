@@ -319,7 +319,9 @@ class MsitReader(TokenDirReader):
                 records: list[TensorRecord] = []
                 try:
                     if name == STATS_CSV:
-                        records = self._stats_records(state, token, node, path)
+                        records, torn = self._stats_records(state, token, node, path)
+                        if torn and final:  # the run is over: the line will not be finished
+                            update.notes.append(f"{path}: last line cut short, skipped")
                     else:
                         loc = (
                             npy_locator(path) if name.endswith(".npy") else pth_locator(path, size)
@@ -375,16 +377,22 @@ class MsitReader(TokenDirReader):
                 state.ordered_topology = True
                 update.topology = self._topology
 
-    def _stats_records(self, state: _Rank, token: int, node: str, path: str) -> list[TensorRecord]:
-        """A statistics-only node directory's ``statistics.csv``: a record a row, no locator."""
+    def _stats_records(
+        self, state: _Rank, token: int, node: str, path: str
+    ) -> tuple[list[TensorRecord], bool]:
+        """A statistics-only node directory's ``statistics.csv``: a record a row, no locator;
+        and whether a last line is not finished (being written, or cut short)."""
         node_type = state.types.get(node, "")
         with open(path, "rb") as fh:
             text = fh.read()
         whole = whole_lines(text)
         if not whole:
             raise PthIncomplete(f"{path}: empty statistics")
+        torn = whole < len(text)
         rows = list(csv.DictReader(io.StringIO(text[:whole].decode("utf-8", "replace"))))
         outputs = sum(1 for r in rows if r.get("InputOutput", "").lower() == "output")
+        if torn and outputs:  # rows after the outputs are outputs: a lone one is output_0
+            outputs += 1
         out: list[TensorRecord] = []
         seen: set[str] = set()
         for row in rows:
@@ -406,7 +414,7 @@ class MsitReader(TokenDirReader):
             out.append(TensorRecord(key, dtype, shape, None, stats, -1, node_type, path))
         # The csv grows while the run writes it: re-read it whole next time it changes.
         self._seen.discard(path)
-        return out
+        return out, torn
 
     def _token_ids(self, tok: _Token, token: int, update: ReaderUpdate) -> None:
         if tok.has_ids or not tok.id_candidates:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.readers.base import DirectoryReader, ReaderUpdate
+from layerwatch.engine.readers.base import DirectoryReader, ReaderUpdate, cut_short_note
+from layerwatch.engine.readers.json_stream import JsonStreamError, ObjectStream
 from layerwatch.engine.readers.locate import locate_manual as locate
 from layerwatch.engine.records import Locator, TensorKey, TensorRecord
 
@@ -47,6 +48,24 @@ def parse_metadata(text: str, where: str) -> dict[str, dict[int, tuple[str, str]
         raw = json.loads(text, object_pairs_hook=_merge_pairs)
     except ValueError as exc:
         raise LayerwatchError(f"{where}: not msit manual-dump metadata ({exc})") from None
+    return _points(raw, where)
+
+
+def read_cut(path: Path) -> tuple[dict[str, dict[int, tuple[str, str]]], int] | None:
+    """A metadata file ``json.loads`` refused, read as far as it is whole: (its complete data
+    ids, where it ends) when it is cut short (msit killed while it rewrote it) and nothing else
+    is wrong; None when it is corrupt."""
+    try:
+        stream = ObjectStream(path, cut_ok=True)
+        pairs = [(key, value) for _, key, value in stream.walk()]
+    except (OSError, JsonStreamError):
+        return None
+    if stream.cut is None:
+        return None
+    return _points(_merge_pairs(pairs), str(path)), stream.cut
+
+
+def _points(raw: Any, where: str) -> dict[str, dict[int, tuple[str, str]]]:
     if not isinstance(raw, dict):
         raise LayerwatchError(f"{where}: not msit manual-dump metadata (expected an object)")
     out: dict[str, dict[int, tuple[str, str]]] = {}
@@ -97,6 +116,7 @@ class MsitManualReader(DirectoryReader):
         self.root = root
         self.side = "golden"
         self._seen: set[tuple[str, int]] = set()
+        self._noted: set[str] = set()
 
     def poll(self, changed: Sequence[Path] | None = None, *, final: bool = False) -> ReaderUpdate:
         update = ReaderUpdate()
@@ -113,9 +133,18 @@ class MsitManualReader(DirectoryReader):
         try:
             entries = parse_metadata(text, str(meta))
         except LayerwatchError:
-            if final:  # the whole pairing is in this file: without it nothing is usable
+            if not final:
+                return update  # being rewritten: the next poll reads it whole
+            # msit rewrites the whole file at each point: one it left cut short still pairs
+            # the points written before the cut; a corrupt one pairs nothing.
+            cut = read_cut(meta)
+            if cut is None:
                 raise
-            return update  # being rewritten: the next poll reads it whole
+            entries, at = cut
+            note = cut_short_note(meta, at, f"{len(entries)} complete data ids", "the dump")
+            if note not in self._noted:
+                self._noted.add(note)
+                update.notes.append(note)
         column = 0 if self.side == "golden" else 1
         for order, (data_id, tokens) in enumerate(entries.items()):
             for token, paths in sorted(tokens.items()):

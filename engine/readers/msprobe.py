@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
-from layerwatch.engine.readers.base import RankIndex, ReaderUpdate, scandir, skipped_note
+from layerwatch.engine.readers.base import (
+    RankIndex,
+    ReaderUpdate,
+    cut_short_note,
+    scandir,
+    skipped_note,
+)
+from layerwatch.engine.readers.json_stream import JsonStreamError, ObjectStream
 from layerwatch.engine.readers.load import canonical_dtype, load_array
 from layerwatch.engine.readers.locate import _RANK, _STEP, DUMP
 from layerwatch.engine.readers.locate import locate_msprobe as locate
@@ -220,7 +227,11 @@ class MsprobeReader:
     def _close_step(self, at: _Streams, update: ReaderUpdate) -> None:
         """Every rank of the step read: the next step's tokens come after its last."""
         for calls, _ in at.ranks:
-            if not calls.has_data:
+            if calls.construct_cut is not None:
+                self._note(_cut_note(calls.path.parent / CONSTRUCT, *calls.construct_cut), update)
+            elif calls.cut is not None:
+                self._note(_cut_note(calls.path, calls.cut, calls.splitter.entries), update)
+            elif not calls.has_data:
                 self._note(skipped_note(calls.path), update)
         at.offset += max((calls.splitter.tokens for calls, _ in at.ranks), default=0)
         at.ranks = []
@@ -273,16 +284,41 @@ class MsprobeReader:
             dump = json.loads(path.read_bytes())
             data = dump["data"]
         except (OSError, ValueError, KeyError, TypeError):
-            if final and skipped_note(path) not in self._notes:  # never rewritten again
-                self._notes.add(skipped_note(path))
-                update.notes.append(skipped_note(path))
-            return self._tokens_in_step.get(str(state.path), 0), False  # rewritten right now
+            # Being written now (a live read waits for the whole file), or never to be whole:
+            # a file cut short keeps its complete calls, a corrupt one is skipped.
+            cut = _read_cut(path, "data") if final else None
+            if cut is None:
+                if final:
+                    self._note(skipped_note(path), update)
+                return self._tokens_in_step.get(str(state.path), 0), False
+            dump, at = cut
+            data = dump["data"]
+            dump_cut: int | None = at
+        else:
+            dump_cut = None
+        construct_cut: int | None = None
         try:
             construct = json.loads((state.path / CONSTRUCT).read_bytes())
-        except (OSError, ValueError):
+        except OSError:
             construct = {}
+        except ValueError:
+            if not final:  # being written (as dump.json is waited for): read it when whole
+                return self._tokens_in_step.get(str(state.path), 0), False
+            # cut short: the parents it has; a corrupt one: none known
+            cut = _read_cut(state.path / CONSTRUCT)
+            construct, construct_cut = cut if cut is not None else ({}, None)
         state.sig = sig
         entries = [(name, value) for name, value in data.items() if isinstance(value, dict)]
+        lacking = None
+        if construct and construct_cut is not None:
+            lacking = next((i for i, (n, _) in enumerate(entries) if n not in construct), None)
+        if lacking is not None and construct_cut is not None:
+            # The calls from the first one construct.json lacks have no known place in the
+            # tree (their token, an API's name): not read, as if dump.json ended there.
+            entries = entries[:lacking]
+            self._note(_cut_note(state.path / CONSTRUCT, construct_cut, lacking), update)
+        elif dump_cut is not None:
+            self._note(_cut_note(path, dump_cut, len(entries)), update)
         tokens, n_tokens, settled = assign_tokens(entries, construct or {})
         if not full:
             entries = entries[:settled]
@@ -403,6 +439,37 @@ class MsprobeReader:
                 self._ids.add((state.rank, token))
             except LayerwatchError:
                 pass
+
+
+def _read_cut(path: Path, nested: str | None = None) -> tuple[dict[str, Any], int] | None:
+    """A JSON object ``json.loads`` refused, read as far as it is whole: (its complete entries,
+    those of ``nested`` as an object under that key, where the file ends) when it is cut short
+    and nothing else is wrong; None when it is corrupt (or cannot be read)."""
+    outer: dict[str, Any] = {}
+    inner: dict[str, Any] = {}
+    try:
+        stream = ObjectStream(path, cut_ok=True)
+        for where, name, value in stream.walk(nested):
+            if where is None:
+                outer.setdefault(name, value)
+            else:
+                inner[name] = value
+    except (OSError, JsonStreamError):
+        return None
+    if stream.cut is None:
+        return None
+    if nested is not None:
+        if nested in outer and not isinstance(outer[nested], dict):
+            return None
+        outer[nested] = inner
+    return outer, stream.cut
+
+
+def _cut_note(path: Path, at: int, calls: int) -> str:
+    """:func:`~.base.cut_short_note` for a rank's ``dump.json`` or ``construct.json`` (the
+    calls read before the cut; ``step0 rank0`` is the rest)."""
+    rest = f"{path.parent.parent.name} {path.parent.name}"
+    return cut_short_note(path, at, f"{calls} complete calls", rest)
 
 
 def _late_data_dir(calls: RankCalls) -> Callable[[], Path | None]:

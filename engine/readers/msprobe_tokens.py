@@ -11,10 +11,11 @@ it comes: the same tokens whether a file is read whole or as a stream.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -143,12 +144,18 @@ class Parents:
     def __init__(self, path: Path) -> None:
         self._ahead: dict[str, Any] = {}
         self._names: dict[str, str] = {}
-        try:
-            self._entries: Iterator[tuple[str | None, str, Any]] | None = ObjectStream(path).walk()
-        except OSError:
-            self._entries = None
+        self._stream: ObjectStream | None = None
+        self._entries: Iterator[tuple[str | None, str, Any]] | None = None
+        with contextlib.suppress(OSError):
+            self._stream = ObjectStream(path, cut_ok=True)
+            self._entries = self._stream.walk()
         self.present = self._read_one()
         """construct.json has an entry (an empty or missing one: no parents known)."""
+
+    @property
+    def cut(self) -> int | None:
+        """Where construct.json ends early, once read to there (None: whole so far)."""
+        return None if self._stream is None else self._stream.cut
 
     def _read_one(self) -> bool:
         if self._entries is None:
@@ -163,13 +170,17 @@ class Parents:
         self._ahead[key] = value
         return True
 
-    def pop(self, name: str) -> Any:
-        """The parent of ``name`` (None: a top-level call, or one construct.json lacks)."""
+    def pop(self, name: str, missing: Any = None) -> Any:
+        """The parent of ``name`` (None: a top-level call; ``missing``: construct.json lacks
+        it)."""
         while name not in self._ahead:
             if not self._read_one():
-                return None
+                return missing
         return self._ahead.pop(name)
 
+
+_MISSING = object()
+"""A call construct.json does not have (:meth:`Parents.pop`)."""
 
 Call = tuple[str, dict, Any]
 """(entry name, entry, its construct.json parent)."""
@@ -178,7 +189,8 @@ Call = tuple[str, dict, Any]
 class RankCalls:
     """One rank's ``dump.json`` as tokens of calls, read as a stream (``compare``'s windows):
     what is held is the splitter's first token, the construct.json entries read ahead and one
-    buffer. Corrupt or cut JSON raises :class:`~.json_stream.JsonStreamError` where found."""
+    buffer. A file cut short ends at its last complete call (:attr:`cut` says where); corrupt
+    JSON raises :class:`~.json_stream.JsonStreamError` where found."""
 
     def __init__(self, rank_dir: Path, dump: str, construct: str) -> None:
         self.path = rank_dir / dump
@@ -188,16 +200,19 @@ class RankCalls:
         tops = None
         if not self._parents.present:  # which modules are top-level needs every module first
             paths = set()
-            for where, name, value in ObjectStream(self.path).walk("data"):
+            for where, name, value in ObjectStream(self.path, cut_ok=True).walk("data"):
                 parts = module_parts(name) if where is not None else None
                 if parts is not None and isinstance(value, dict):
                     paths.add(parts[0])
             tops = top_paths(paths)
         self.splitter: TokenSplitter[tuple[Call, int]] = TokenSplitter(tops)
-        self._stream = ObjectStream(self.path)
-        self._entries = self._stream.walk("data")
+        self._stream = ObjectStream(self.path, cut_ok=True)
+        self._entries: Generator[tuple[str | None, str, Any]] = self._stream.walk("data")
         self._ready: deque[tuple[int, tuple[Call, int]]] = deque()
         self.done = False
+        self.construct_cut: tuple[int, int] | None = None
+        """(where construct.json ends, the calls read before the first call it lacks): the
+        rest of dump.json is not read."""
 
     def next_token(self) -> tuple[int, list[tuple[Call, int]]] | None:
         """(token in the step, its calls each with the character position after it), or None
@@ -229,11 +244,25 @@ class RankCalls:
                 continue
             if not isinstance(value, dict):
                 continue
-            call = (name, value, self._parents.pop(name))
+            parent = self._parents.pop(name, _MISSING)
+            if parent is _MISSING:
+                if self._parents.present and self._parents.cut is not None:
+                    # construct.json was cut before this call: its place in the tree (its
+                    # token, an API's name) is unknown from here on, as when dump.json ends
+                    self.construct_cut = (self._parents.cut, self.splitter.entries)
+                    self._entries.close()  # the file closed now, not when collected
+                    break
+                parent = None
+            call = (name, value, parent)
             self._ready.extend(self.splitter.push((call, self._stream.position), name, call[2]))
             return
         self.done = True
         self._ready.extend(self.splitter.finish())
+
+    @property
+    def cut(self) -> int | None:
+        """Where the file ends early (characters), once read to there; None: whole so far."""
+        return self._stream.cut
 
     @property
     def has_data(self) -> bool:
@@ -242,8 +271,8 @@ class RankCalls:
 
     def late_head(self, key: str) -> Any:
         """An outer key written after ``data`` (read to the end once more for it)."""
-        if key not in self.head and not self.done:
-            for where, name, value in ObjectStream(self.path).walk("data"):
+        if key not in self.head and (not self.done or self.construct_cut is not None):
+            for where, name, value in ObjectStream(self.path, cut_ok=True).walk("data"):
                 if where is None and name != "data":
                     self.head.setdefault(name, value)
         return self.head.get(key)

@@ -137,7 +137,12 @@ def test_rows_without_key_or_pass_value_are_skipped_and_counted(tmp_path: Path) 
         ("ids.csv", 'key,passed,output_token_ids\n1,True,"[1, x]"\n', "is not a list of token ids"),
         ("cells.csv", "key,passed\n1,True,extra\n", "more cells than the header"),
         ("empty.csv", "", "empty CSV file"),
-        ("torn.jsonl", '{"key": 1, "passed": true}\n{"key": 2, "pa', "torn.jsonl:2: not a JSON"),
+        (
+            "torn.jsonl",
+            '{"key": 1, "passed": true}\n{"key": 2, "pa\n{"key": 3}\n',
+            "torn.jsonl:2: not a",
+        ),
+        ("flag-last.csv", "key,passed\n1,True\n2,maybe\n", "flag-last.csv:3: pass value 'maybe'"),
         ("list.json", '{"key": 1}', "expected a JSON array of objects"),
         ("cases.txt", "key,passed\n", "unknown evaluation file type"),
     ],
@@ -179,3 +184,41 @@ def test_jsonl_report_is_one_case_a_line_then_the_summary(
     lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [r["key"] for r in lines[:-1]] == ["1", "2", "3", "4"]
     assert lines[-1]["summary"]["bad"] == 2 and lines[-1]["first_failure"]["key"] == "1"
+
+
+@pytest.mark.parametrize(
+    "name", ["cut.csv", "cut-in-ids.csv", "cut-before-pass.csv", "cut.jsonl", "cut-at-key.jsonl"]
+)
+def test_a_last_line_cut_short_is_left_out_with_a_note(runs: tuple[Path, Path], name: str) -> None:
+    """An evaluation killed while it wrote its last line: the file ends without a newline in
+    the middle of a row. Every row before it is compared as in the whole file; the cut row is
+    named in one note (stdout's summary, stderr with --json); the exit code is the cases'."""
+    golden, target = runs
+    whole = json.loads(_cli(golden, target, "--json").stdout)
+    text = golden.read_text() if name.endswith(".csv") else target.read_text()
+    marks = {  # (text the cut follows, characters of it kept) on the last line
+        "cut.csv": ("name?", 3),
+        "cut-in-ids.csv": ('"[40, 4', 5),
+        "cut-before-pass.csv": ('",1', 2),
+        "cut.jsonl": ('"pass": "wrong"', 12),
+        "cut-at-key.jsonl": ('{"key": "3"', 5),
+    }
+    mark, keep = marks[name]
+    end = text.rindex(mark) + keep
+    cut = golden.parent / name
+    cut.write_text(text[:end], encoding="utf-8")
+    args = (cut, target) if name.endswith(".csv") else (golden, cut)
+    out = _cli(*args, "--json")
+    assert "Traceback" not in out.stderr
+    report = json.loads(out.stdout)
+    line = text[:end].count("\n") + 1
+    assert (
+        out.stderr == f"note: {cut}:{line}: last line cut short (no newline at the end), skipped\n"
+    )
+    left_out = {r["key"] for r in whole["rows"]} - {r["key"] for r in report["rows"]}
+    assert len(left_out) == 1
+    assert [r for r in whole["rows"] if r["key"] not in left_out] == report["rows"]
+    assert out.returncode == (1 if report["bad_cases"] else 0)
+    text_out = _cli(*args)
+    assert f"note: {cut}:{line}: last line cut short" in text_out.stdout
+    assert text_out.returncode == out.returncode

@@ -91,11 +91,28 @@ def test_msprobe_corrupt_dump_json(tmp_path: Path) -> None:
     root = tmp_path / "dump"
     shutil.copytree(FIXTURES / "msprobe" / "tensor_golden", root)
     dump = root / "step0/proc1000/dump.json"
-    _cut(dump)
+    text = dump.read_text()
+    colon = text.index('": ', len(text) // 2) + 1
+    dump.write_text(text[:colon] + "#" + text[colon + 1 :])  # garbled, not cut
     reader = open_dump(root)
     assert skipped_note(dump) not in reader.poll().notes  # being rewritten, maybe
     assert reader.poll(None, final=True).notes.count(skipped_note(dump)) == 1
     assert skipped_note(dump) not in reader.poll(None, final=True).notes
+
+
+def test_msprobe_dump_json_cut_short(tmp_path: Path) -> None:
+    """Cut short (not corrupt): waited for while live, then its complete calls with one note
+    (tests/engine/session/test_msprobe_cut.py compares them)."""
+    root = tmp_path / "dump"
+    shutil.copytree(FIXTURES / "msprobe" / "tensor_golden", root)
+    dump = root / "step0/proc1000/dump.json"
+    _cut(dump)
+    reader = open_dump(root)
+    live = reader.poll()
+    assert not live.notes and not live.tensors  # being rewritten, maybe
+    final = reader.poll(None, final=True)
+    assert final.tensors and [n for n in final.notes if n.startswith(f"{dump}: cut short")]
+    assert not reader.poll(None, final=True).notes
 
 
 def test_layerwatch_torn_last_index_line(tmp_path: Path) -> None:

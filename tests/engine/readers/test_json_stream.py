@@ -1,5 +1,6 @@
 """engine/readers/json_stream.py gives what ``json.loads`` gives, entry by entry, whatever the
-buffer size, and fails where ``json.loads`` fails (cut, corrupt, extra data)."""
+buffer size, and fails where ``json.loads`` fails (cut, corrupt, extra data) — except that with
+``cut_ok`` a file cut short ends the walk after its complete entries."""
 
 from __future__ import annotations
 
@@ -68,3 +69,41 @@ def test_every_cut_and_every_corruption_is_one_error_line(tmp_path: Path) -> Non
             json.loads(bad)
         with pytest.raises(JsonStreamError):
             _walked(path, 64)
+
+
+@pytest.mark.parametrize("indent", [1, None])
+def test_a_clean_cut_ends_the_walk_after_the_complete_entries(
+    tmp_path: Path, indent: int | None
+) -> None:
+    """``cut_ok`` (a file a killed run left part-written): cut at any character, the walk yields
+    exactly the entries whose text ends before the cut and says where the file ends; a stray
+    character or garbage after the cut is still the error line."""
+    whole = json.loads((FIXTURES / "stats_golden/step0/proc1000/dump.json").read_bytes())
+    whole["data"] = dict(list(whole["data"].items())[:4])
+    text = json.dumps(whole, indent=indent)
+    ends, at = [], 0
+    for key in whole["data"]:
+        at = text.index(json.dumps(key), at)
+        depth, i = 0, text.index("{", at)
+        while True:  # the entry's closing brace (no braces inside its strings)
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+            if depth == 0:
+                break
+        ends.append(i)
+    path = tmp_path / "dump.json"
+    for cut in range(len(text.rstrip())):
+        path.write_text(text[:cut])
+        for block in (5, 64):
+            stream = ObjectStream(path, block, cut_ok=True)
+            got = [key for where, key, _ in stream.walk("data") if where]
+            assert got == list(whole["data"])[: sum(end <= cut for end in ends)], (cut, block)
+            assert stream.cut == cut
+    half = text.index(",", len(text) // 2) + 1
+    for bad in (text[:half] + "#", text[:half] + "x" + text[-40:], text[:half] + "tx"):
+        path.write_text(bad)
+        with pytest.raises(JsonStreamError):
+            list(ObjectStream(path, 64, cut_ok=True).walk("data"))
+    path.write_text(text)
+    stream = ObjectStream(path, cut_ok=True)
+    assert len([k for w, k, _ in stream.walk("data") if w]) == 4 and stream.cut is None

@@ -79,3 +79,37 @@ def test_malformed_metadata_is_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "expected [golden_path, my_path]" in out.stderr.strip().splitlines()[-1]
+
+
+def _compare_json(run: Path) -> tuple[int, dict, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "layerwatch.tui.cli", "compare", str(run), str(run), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return out.returncode, json.loads(out.stdout or "null"), out.stderr
+
+
+def test_metadata_cut_short_pairs_the_points_before_the_cut(tmp_path: Path) -> None:
+    """msit rewrites metadata.json at each point; one a killed run left cut short still pairs
+    every data id written whole before the cut (rows as the uncut file's), with a note; a
+    corrupt one stays one line, exit 2."""
+    run = _manual_dump(tmp_path, broken=("0", 1))
+    code, whole, _ = _compare_json(run)
+    assert code == 1
+    meta = next(run.rglob("metadata.json"))
+    text = meta.read_text()
+    at = text.index('"2": {') + 10  # inside the third data id
+    meta.write_text(text[:at])
+    code, cut, err = _compare_json(run)
+    assert code == 1 and "Traceback" not in err, err
+    assert f"{meta}: cut short at character {at}, after 2 complete data ids" in err
+    rows = {(r["token"], r["node"]): r for r in cut["rows"]}
+    assert sorted({node for _, node in rows}) == ["root.0", "root.1"]
+    for row in (r for r in whole["rows"] if r["node"] != "root.2"):
+        got = rows[(row["token"], row["node"])]
+        assert got["verdict"] == row["verdict"]
+        # the last point of a dump is judged as logits too (engine/session): its extra metrics
+        assert row["metrics"].items() <= got["metrics"].items()
+    meta.write_text(text[: at - 4] + "#" + text[at - 3 : at])
+    code, _, err = _compare_json(run)
+    assert code == 2 and "not msit manual-dump metadata" in err.strip().splitlines()[-1]

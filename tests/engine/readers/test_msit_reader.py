@@ -127,6 +127,33 @@ def test_statistics_only_dump() -> None:
     }
 
 
+def test_statistics_csv_cut_in_its_last_row_keeps_the_rows_before(tmp_path: Path) -> None:
+    """A node's statistics.csv cut inside its last row (two outputs, the second cut): the
+    whole rows keep their names (``output_0``, not the lone ``output`` of a one-output node),
+    so they still pair with the golden's; the final read notes the cut line, a live read
+    waits for it."""
+    shutil.copytree(STATS, tmp_path / "stats", copy_function=shutil.copy2)
+    csv_path = next((tmp_path / "stats").rglob("1/root.model.rotary_emb/statistics.csv"))
+    text = csv_path.read_bytes()
+    csv_path.write_bytes(text[: text.rindex(b"Output,1") + 5])
+    whole = {r.key: r for r in open_dump(STATS).poll(None, final=True).tensors}
+    live = open_dump(tmp_path / "stats").poll(None)
+    assert not [n for n in live.notes if "cut short" in n]
+    final = open_dump(tmp_path / "stats").poll(None, final=True)
+    cut = {r.key: r for r in final.tensors}
+    node = [k for k in cut if k.token == 1 and k.node == "root.model.rotary_emb"]
+    assert sorted(k.stem for k in node) == ["input_0", "output_0"]
+    assert all(cut[k].stats == whole[k].stats and cut[k].shape == whole[k].shape for k in node)
+    assert set(cut) == set(whole) - {
+        next(
+            k
+            for k in whole
+            if k.stem == "output_1" and k.token == 1 and k.node == "root.model.rotary_emb"
+        )
+    }
+    assert [n for n in final.notes if n == f"{csv_path}: last line cut short, skipped"]
+
+
 def _copy_tree_live(src: Path, dst: Path) -> list[Path]:
     """Copy a rank dir file by file in modification-time order; return the new paths in order."""
     files = sorted((p for p in src.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime_ns)

@@ -1,7 +1,8 @@
 """msprobe's ``dump.json`` read as a stream (engine/readers/msprobe_tokens.py) for ``compare``'s
 windows: the report the whole read gives, byte for byte, in the layouts msprobe may leave
-(no construct.json, ``dump_data_dir`` after ``data``, tiny read buffers), and a cut or corrupt
-file is one line and exit 2 with the rows already written kept, marked incomplete."""
+(no construct.json, ``dump_data_dir`` after ``data``, tiny read buffers), and a corrupt file is
+one line and exit 2 with the rows already written kept, marked incomplete (a file cut short:
+tests/engine/session/test_msprobe_cut.py)."""
 
 from __future__ import annotations
 
@@ -72,20 +73,22 @@ def test_payloads_in_dump_data_dir_written_after_data(
     _same_report(sides[0], sides[1], tmp_path, monkeypatch)
 
 
-@pytest.mark.parametrize("damage", ["cut", "corrupt"])
-def test_a_cut_or_corrupt_dump_json_is_one_line_and_keeps_the_rows(
+@pytest.mark.parametrize("damage", ["corrupt", "garbage after a cut"])
+def test_a_corrupt_dump_json_is_one_line_and_keeps_the_rows(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     damage: str,
 ) -> None:
-    """The target's dump.json cut (or a byte changed) two thirds in: the tokens before it are
-    compared and written, then one line naming the file, exit 2, the report marked incomplete."""
+    """The target's dump.json with a byte changed two thirds in (or cut there and followed by
+    other text: not a clean cut): the tokens before it are compared and written, then one line
+    naming the file, exit 2, the report marked incomplete."""
     golden, target = _synthetic(tmp_path, tokens=12)
     dump = target / "step0" / "proc0" / "dump.json"
     text = dump.read_text()
     at = text.index('"output"', len(text) * 2 // 3)
-    dump.write_text(text[:at] if damage == "cut" else text[:at] + "#" + text[at + 1 :])
+    tail = text[at + 1 :] if damage == "corrupt" else "x"
+    dump.write_text(text[:at] + "#" + tail)
     monkeypatch.setattr(windowed, "WINDOW_TENSORS", 40)  # a token a window
     out = tmp_path / "r.csv"
     code = main(["compare", str(golden), str(target), "-o", str(out), "--jobs", "1"])
