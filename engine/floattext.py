@@ -23,10 +23,30 @@ import math
 import re
 from typing import Any
 
-try:
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - a dependency; tests set _orjson to None for the fallback
-    _orjson = None  # type: ignore[assignment]
+_orjson: Any = None
+"""orjson once :func:`_bulk` imported it; None before, or where it is not importable."""
+_TRIED = False
+_BULK = 2048
+"""Numbers in a block below which they are written value by value: orjson's import (~4 ms on
+this box, with the ``datetime`` and ``uuid`` modules it brings) costs what ~6 000 ``repr`` calls
+cost, and a compare that writes no report does not import it."""
+
+
+def _bulk(numbers: int) -> Any:
+    """orjson for a block of ``numbers`` values (imported on the first such block), or None:
+    a small block, or no orjson."""
+    global _orjson, _TRIED
+    if numbers < _BULK:
+        return None
+    if not _TRIED:
+        _TRIED = True
+        try:
+            import orjson
+        except ImportError:  # a dependency (pyproject.toml); tests run both ways
+            return None
+        _orjson = orjson
+    return _orjson
+
 
 ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 """One encoder for every row: ``json.dumps`` with options builds a new one per call, which cost
@@ -41,6 +61,8 @@ such a value starts ``0.0000`` right after a separator or its sign (:func:`_sci`
 _BEFORE = frozenset(b",:[")
 _MINUS = ord("-")
 _NONE = type(None)
+_PER_ROW = 16
+"""About the numbers of a JSON row (its metrics), for :data:`_BULK`."""
 _FLOAT_OR_NONE = frozenset((float, _NONE))
 
 
@@ -80,12 +102,13 @@ def cell(value: Any) -> str:
 
 def cells(values: list[Any]) -> list[str]:
     """:func:`cell` of each value, in one orjson call and a fix-up of the whole text."""
-    if _orjson is None or not values:
+    lib = _bulk(len(values))
+    if lib is None or not values:
         return [cell(v) for v in values]
     types = set(map(type, values))
     if not types <= _FLOAT_OR_NONE:
         values = [v if v is None or v.__class__ is float else float(v) for v in values]
-    text = _fixed(_orjson.dumps(values))[1:-1].decode("ascii")
+    text = _fixed(lib.dumps(values))[1:-1].decode("ascii")
     if _NONE not in types and "null" not in text:
         return text.split(",")
     if text.count("null") == values.count(None):  # no NaN or Inf: every null is a None
@@ -100,10 +123,11 @@ def json_rows(rows: list[dict[str, Any]], sep: bytes) -> bytes:
     through orjson as it is, unless its text holds an escape, a non-ASCII character or DEL
     (``json`` escapes those otherwise; a row's other values are no floats): that row, as before,
     the standard library's encoder writes."""
-    if _orjson is not None and rows:
+    lib = _bulk(_PER_ROW * len(rows))
+    if lib is not None and rows:
         metrics = [row["metrics"] for row in rows]
         try:
-            parts = _orjson_rows(rows, metrics)
+            parts = _orjson_rows(lib, rows, metrics)
         except TypeError:  # a numpy scalar, an int beyond 64 bits: json's own rules
             parts = None
         finally:
@@ -129,10 +153,12 @@ def _encoded(row: dict[str, Any]) -> bytes:
     return ENCODER.encode(_finite(row)).encode()
 
 
-def _orjson_rows(rows: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> list[bytes] | None:
+def _orjson_rows(
+    lib: Any, rows: list[dict[str, Any]], metrics: list[dict[str, Any]]
+) -> list[bytes] | None:
     """Each row's orjson text, its ``metrics`` fixed up (:func:`_fixed`); None where a key of
     ``metrics`` holds ``:``, ``,`` or ``}`` (the fix-ups would not know a key from a value)."""
-    dumps, fragment = _orjson.dumps, _orjson.Fragment
+    dumps, fragment = lib.dumps, lib.Fragment
     blob = b"\n".join(map(dumps, metrics))
     keys = sum(map(len, metrics))
     if (

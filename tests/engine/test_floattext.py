@@ -50,13 +50,21 @@ def _reference(values: list[object]) -> list[str]:
     return ["" if v is None else repr(float(v)) for v in values]  # type: ignore[arg-type]
 
 
+def _without_orjson(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a box where orjson cannot be imported."""
+    monkeypatch.setattr(floattext, "_TRIED", True)
+    monkeypatch.setattr(floattext, "_orjson", None)
+
+
 @pytest.fixture(params=["orjson", "standard library"])
 def formatter(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs with orjson and with the fallback of a box without it."""
-    if request.param != "orjson":
-        monkeypatch.setattr(floattext, "_orjson", None)
+    """Every test here runs with orjson (for blocks of any size) and with the fallback of a box
+    without it."""
+    if request.param == "orjson":
+        monkeypatch.setattr(floattext, "_BULK", 0)
+        assert floattext._bulk(1) is not None, "orjson is a dependency (pyproject.toml)"
     else:
-        assert floattext._orjson is not None, "orjson is a dependency (pyproject.toml)"
+        _without_orjson(monkeypatch)
     return str(request.param)
 
 
@@ -170,6 +178,7 @@ def test_report_writers_give_the_same_bytes_without_orjson(
     """The CSV lines and JSON rows of the pair-rate test's results, with and without orjson."""
     from engine.test_pair_rate_paths import _results  # type: ignore[import-not-found]
 
+    monkeypatch.setattr(floattext, "_BULK", 0)
     results = _results()
     fast = (
         report.field_lines([report.line_fields(r) for r in results], 3),
@@ -177,9 +186,20 @@ def test_report_writers_give_the_same_bytes_without_orjson(
     )
     want_json = ",".join(report.dumps_json(report.json_row(r)) for r in results).encode()
     assert fast[1] == want_json
-    monkeypatch.setattr(floattext, "_orjson", None)
+    _without_orjson(monkeypatch)
     slow = (
         report.field_lines([report.line_fields(r) for r in results], 3),
         report.json_lines(results, b","),
     )
     assert fast == slow
+
+
+def test_a_small_block_is_written_value_by_value_a_large_one_by_orjson() -> None:
+    """Below ``_BULK`` numbers orjson is not even imported (a compare that writes no report
+    does not pay for its import); the text is the same either way."""
+    small = [1e-07, None, 1.234e-05] * 10
+    assert floattext._bulk(len(small)) is None
+    assert floattext.cells(small) == _reference(small)
+    big = small * (floattext._BULK // len(small) + 1)
+    assert floattext._bulk(len(big)) is not None
+    assert floattext.cells(big) == _reference(big)
