@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.floattext import finite
 from layerwatch.engine.numerics.compare import compare_pairs
 from layerwatch.engine.numerics.thresholds import Thresholds
 from layerwatch.engine.outcome import EXIT_FINDING, EXIT_OK, check_report_path, write_object_report
 from layerwatch.engine.readers.load import canonical_dtype
 from layerwatch.engine.readers.logitsdir import LogitsFile, detect, locate, logits_files
 from layerwatch.engine.records import MARGIN, TOP1, PairResult, TensorKey, TensorRecord, Verdict
-from layerwatch.engine.report import _metrics
 
 NODE = "logits"
 """The node name logits pairs get (thresholds overrides may match it)."""
@@ -51,7 +51,7 @@ class LogitsRow:
             "token": self.token,
             "node": NODE,
             "verdict": self.verdict.value,
-            "metrics": _metrics(self.metrics),
+            "metrics": finite(self.metrics),
             "reason": self.reason,
         }
 

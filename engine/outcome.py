@@ -47,8 +47,9 @@ from layerwatch.engine.report import (
     dumps_json,
     field_lines,
     json_head,
+    json_lines,
     json_report,
-    json_row,
+    line_fields,
     parquet_schema,
     parquet_table,
     write_csv,
@@ -225,18 +226,14 @@ class ReportStream:
         """Write ``results`` (in report order, after every earlier call's)."""
         parts: list[tuple[BinaryIO, bytes]] = []
         if self._fh is not None and self.kind == "csv":
-            text = io.StringIO()
-            write_csv(results, text, header=False, start=self.rows)
-            parts.append((self._fh, text.getvalue().encode()))
-        elif self._fh is not None and self.kind == "jsonl":
-            parts.append(
-                (self._fh, "".join(dumps_json(json_row(r)) + "\n" for r in results).encode())
-            )
+            text = field_lines([line_fields(result) for result in results], self.rows)
+            parts.append((self._fh, text.encode()))
+        elif self._fh is not None and self.kind == "jsonl" and results:
+            parts.append((self._fh, json_lines(results, b"\n") + b"\n"))
         if self._json_rows is not None and results:
-            # one encode of the window's rows (a list's items are joined by "," as these are):
-            # one call instead of a call a row
-            rows = dumps_json([json_row(r) for r in results])[1:-1]
-            parts.append((self._json_rows, (("," if self.rows else "") + rows).encode()))
+            # one encode of the window's rows, joined by "," as a list's items are
+            rows = json_lines(results, b",")
+            parts.append((self._json_rows, (b"," if self.rows else b"") + rows))
         table = parquet_table(results) if self._parquet is not None and results else None
         self._write(parts, len(results), table)
 

@@ -135,10 +135,10 @@ class QuantRow:
         return NONE
 
     def to_json(self) -> dict[str, Any]:
-        from layerwatch.engine.report import _metrics
+        from layerwatch.engine.floattext import finite
 
         row = self.kernel.to_json()
-        row["metrics"] = _metrics(self.kernel.metrics)
+        row["metrics"] = finite(self.kernel.metrics)
         row["kernel"] = _part(self.kernel)
         row["quantisation"] = None if self.quantisation is None else _part(self.quantisation)
         row["cause"] = self.cause
@@ -146,11 +146,11 @@ class QuantRow:
 
 
 def _part(result: PairResult) -> dict[str, Any]:
-    from layerwatch.engine.report import _metrics
+    from layerwatch.engine.floattext import finite
 
     return {
         "verdict": result.verdict.value,
-        "metrics": _metrics(result.metrics),
+        "metrics": finite(result.metrics),
         "reason": result.reason,
     }
 

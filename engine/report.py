@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
+from layerwatch.engine.floattext import ENCODER, cell, cells, finite, json_rows
 from layerwatch.engine.records import (
     EXACT,
     FIVE_THOUSANDTHS,
@@ -95,12 +94,6 @@ OUR_COLUMNS = (
 CSV_COLUMNS = MSIT_COLUMNS + OUR_COLUMNS
 
 
-def _num(value: float | None) -> str:
-    if value is None:
-        return ""
-    return repr(float(value))
-
-
 def _side(record: TensorRecord | None, computed: Stats | None = None) -> list[str]:
     """msit's 7 columns of one side; statistics from the record, else from the compare pass."""
     if record is None:
@@ -112,9 +105,9 @@ def _side(record: TensorRecord | None, computed: Stats | None = None) -> list[st
         record.node_type,
         dtype,
         str(list(record.shape)),
-        _num(stats.max) if stats else "",
-        _num(stats.min) if stats else "",
-        _num(stats.mean) if stats else "",
+        cell(stats.max) if stats else "",
+        cell(stats.min) if stats else "",
+        cell(stats.mean) if stats else "",
     ]
 
 
@@ -127,15 +120,15 @@ def csv_row(result: PairResult, data_id: int) -> list[str]:
         str(data_id),
         *_side(result.golden, result.golden_stats),
         *_side(result.target, result.target_stats),
-        *(_num(metrics.get(name)) for name in MSIT_METRICS),
+        *(cell(metrics.get(name)) for name in MSIT_METRICS),
         fail_reason,
         verdict,
         ";".join(result.failed),
         result.reason,
         result.node_type,
         str(result.order),
-        _num(metrics.get(LOCAL)),
-        _num(metrics.get(INPUT_ERR)),
+        cell(metrics.get(LOCAL)),
+        cell(metrics.get(INPUT_ERR)),
     ]
 
 
@@ -148,9 +141,9 @@ def write_csv(
     CPU (a small-tensor compare spent a fifth of its time here)."""
     if header:
         csv.writer(out, lineterminator="\n").writerow(CSV_COLUMNS)
-    lines = [csv_line(result, data_id) for data_id, result in enumerate(results, start)]
-    out.write("".join(lines))
-    return len(lines)
+    fields = [line_fields(result) for result in results]
+    out.write(field_lines(fields, start))
+    return len(fields)
 
 
 _QUOTED: dict[str, str] = {}
@@ -178,12 +171,9 @@ def _field(text: str) -> str:
     return text
 
 
-def side_text(
-    path: str, node_type: str, dtype: str, shape: Any, stats: tuple[Any, Any, Any] | None
-) -> str:
-    """:func:`_side`'s 7 cells, joined, from a side's fields (a record's, or a stored row's:
-    ``report.field_lines``): path, op type, dtype and shape from a cache, the statistics
-    (max, min, mean) as :func:`_num` writes them."""
+def side_head(path: str, node_type: str, dtype: str, shape: Any) -> str:
+    """A side's first four CSV cells (path, op type, dtype as ``torch.<dtype>``, shape), joined,
+    from a cache: they repeat on every token."""
     key: tuple[Any, ...] | None = (path, node_type, dtype, shape)
     try:
         head = _SIDE_TEXT.get(key)  # type: ignore[arg-type]
@@ -196,18 +186,11 @@ def side_text(
             if len(_SIDE_TEXT) >= _CACHE_LIMIT:
                 _SIDE_TEXT.clear()
             _SIDE_TEXT[key] = head
-    if stats is None:
-        return head + ",,,"
-    hi, lo, mean = stats
+    return head
+
+
+def _side_fields(record: TensorRecord, stats: Stats | None) -> tuple[Any, ...]:
     return (
-        f"{head},{repr(hi) if hi.__class__ is float else _num(hi)},"
-        f"{repr(lo) if lo.__class__ is float else _num(lo)},"
-        f"{repr(mean) if mean.__class__ is float else _num(mean)}"
-    )
-
-
-def _side_text(record: TensorRecord, stats: Stats | None) -> str:
-    return side_text(
         record.source or (record.loc.path if record.loc else ""),
         record.node_type,
         record.dtype,
@@ -216,23 +199,25 @@ def _side_text(record: TensorRecord, stats: Stats | None) -> str:
     )
 
 
-NO_SIDE = ",,,,,,"
-"""A missing side's 7 cells."""
+NO_HEAD = ",,,"
+"""A missing side's first four cells (its statistics are three empty cells)."""
+_NO_STATS = (None, None, None)
 LINE_METRICS = (*MSIT_METRICS, LOCAL, INPUT_ERR)
 """The metrics a CSV line writes, in its order."""
 _N_MSIT = len(MSIT_METRICS)
+_PER_LINE = 6 + len(LINE_METRICS)
+"""Numbers a line writes: each side's (max, min, mean), then :data:`LINE_METRICS`."""
 
 
-def csv_line(result: PairResult, data_id: int) -> str:
-    """One report line: the cells of :func:`csv_row` as ``csv.writer`` writes them, ending in
-    ``\\n`` (the same bytes, ``tests/engine/test_pair_rate_paths.py``), without a call a cell."""
+def line_fields(result: PairResult) -> tuple[Any, ...]:
+    """A result's report line as :func:`field_lines` takes it (``settled.line_fields``'s
+    layout)."""
     get = result.metrics.get
     golden, target = result.golden, result.target
-    return line_text(
+    return (
         result.key.token,
-        data_id,
-        NO_SIDE if golden is None else _side_text(golden, golden.stats or result.golden_stats),
-        NO_SIDE if target is None else _side_text(target, target.stats or result.target_stats),
+        None if golden is None else _side_fields(golden, golden.stats or result.golden_stats),
+        None if target is None else _side_fields(target, target.stats or result.target_stats),
         [get(name) for name in LINE_METRICS],
         result.verdict.value,
         result.failed,
@@ -242,74 +227,63 @@ def csv_line(result: PairResult, data_id: int) -> str:
     )
 
 
+def csv_line(result: PairResult, data_id: int) -> str:
+    """One report line: the cells of :func:`csv_row` as ``csv.writer`` writes them, ending in
+    ``\\n`` (the same bytes, ``tests/engine/test_pair_rate_paths.py``)."""
+    return field_lines([line_fields(result)], data_id)
+
+
 def field_lines(rows: Iterable[tuple[Any, ...]], first_id: int) -> str:
-    """CSV lines of rows given as their fields (``settled.line_fields``: sides as
-    :func:`side_text`'s arguments or None, values of :data:`LINE_METRICS`), ``data_id`` from
-    ``first_id``: the bytes :func:`csv_line` writes for the same pairs."""
-    return "".join(
-        line_text(
-            token,
-            data_id,
-            NO_SIDE if golden is None else side_text(*golden),
-            NO_SIDE if target is None else side_text(*target),
-            *rest,  # values, verdict, failed, reason, node_type, order
+    """CSV lines of rows given as their fields (:func:`line_fields`, ``settled.line_fields``:
+    token, each side as (path, op type, dtype, shape, (max, min, mean) or None) or None, the
+    values of :data:`LINE_METRICS` (None: not measured), verdict, failed metrics, reason, op
+    type, order), ``data_id`` from ``first_id``: the bytes ``csv.writer`` writes for
+    :func:`csv_row`, without a call a cell; every number of the block is formatted at once."""
+    rows = rows if isinstance(rows, list) else list(rows)
+    flat: list[Any] = []
+    for _, golden, target, values, *_ in rows:
+        flat += _NO_STATS if golden is None else golden[4] or _NO_STATS
+        flat += _NO_STATS if target is None else target[4] or _NO_STATS
+        flat += values
+    c = cells(flat)
+    out = []
+    at = 0
+    for data_id, (token, golden, target, _, verdict, failed, reason, node_type, order) in enumerate(
+        rows, first_id
+    ):
+        reason = _field(reason)
+        ghead = NO_HEAD if golden is None else side_head(golden[0], golden[1], golden[2], golden[3])
+        thead = NO_HEAD if target is None else side_head(target[0], target[1], target[2], target[3])
+        out.append(
+            f"{token!s},{data_id},{ghead},{c[at]},{c[at + 1]},{c[at + 2]},"
+            f"{thead},{c[at + 3]},{c[at + 4]},{c[at + 5]},{','.join(c[at + 6 : at + 6 + _N_MSIT])},"
+            f"{reason if verdict in ('error', 'unpaired') else ''},{_field(verdict)},"
+            f"{_field(';'.join(failed))},{reason},{_field(node_type)},"
+            f"{order!s},{c[at + _PER_LINE - 2]},{c[at + _PER_LINE - 1]}\n"
         )
-        for data_id, (token, golden, target, *rest) in enumerate(rows, first_id)
-    )
-
-
-def line_text(
-    token: int,
-    data_id: int,
-    golden: str,
-    target: str,
-    values: list[Any],
-    verdict: str,
-    failed: tuple[str, ...],
-    reason: str,
-    node_type: str,
-    order: int,
-) -> str:
-    """A CSV line from a pair's fields (:func:`csv_line`'s, or a stored row's): the sides'
-    texts (:func:`side_text`) and the values of :data:`LINE_METRICS` (None: not measured)."""
-    numbers = [
-        ""
-        if v is None
-        else repr(v)
-        if v.__class__ is float
-        else _num(v)  # an int or a numpy scalar: as float, as _num writes it
-        for v in values
-    ]
-    reason = _field(reason)
-    return (
-        f"{token!s},{data_id},{golden},{target},{','.join(numbers[:_N_MSIT])},"
-        f"{reason if verdict in ('error', 'unpaired') else ''},{_field(verdict)},"
-        f"{_field(';'.join(failed))},{reason},{_field(node_type)},"
-        f"{order!s},{numbers[_N_MSIT]},{numbers[_N_MSIT + 1]}\n"
-    )
-
-
-def _metrics(metrics: dict[str, float]) -> dict[str, float | None]:
-    """A copy with non-finite values as ``None`` (strict JSON); the common all-finite case is one pass."""
-    if math.isfinite(sum(metrics.values())):  # a NaN or Inf makes the sum non-finite (an
-        # overflowing sum of finite values takes the exact pass below, to the same result)
-        return dict(metrics)
-    return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+        at += _PER_LINE
+    return "".join(out)
 
 
 def _finding(finding: Finding | None) -> dict[str, Any] | None:
     if finding is None:
         return None
     out = finding.to_json()
-    out["metrics"] = _metrics(finding.metrics)
+    out["metrics"] = finite(finding.metrics)
     return out
 
 
 def json_row(result: PairResult) -> dict[str, Any]:
     """One ``rows`` entry of the ``--json`` object."""
     row = result.to_json()
-    row["metrics"] = _metrics(result.metrics)
+    row["metrics"] = finite(result.metrics)
     return row
+
+
+def json_lines(results: Sequence[PairResult], sep: bytes) -> bytes:
+    """The :func:`json_row` of each result as :func:`dumps_json` writes it, joined by ``sep``:
+    one encode of a window's rows, their numbers at once (``floattext.json_rows``)."""
+    return json_rows([result.to_json() for result in results], sep)
 
 
 def json_report(
@@ -331,9 +305,7 @@ def json_report(
     }
 
 
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-"""One encoder for every row: ``json.dumps`` with options builds a new one per call, which cost
-~9 µs a row (a tenth of a small-tensor compare's own time)."""
+_ENCODER = ENCODER
 
 
 def dumps_json(report: dict[str, Any] | list[dict[str, Any]]) -> str:
