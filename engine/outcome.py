@@ -168,7 +168,9 @@ def write_object_report(
         raise LayerwatchError(f"{path}: cannot write the report: {exc.strerror}") from None
 
 
-def _report_object(session: Any, results: Sequence[PairResult] = ()) -> dict[str, Any]:
+def _report_object(
+    session: Any, results: Sequence[PairResult] = (), notes: Sequence[str] = ()
+) -> dict[str, Any]:
     return json_report(
         results,
         session.summary,
@@ -176,6 +178,7 @@ def _report_object(session: Any, results: Sequence[PairResult] = ()) -> dict[str
         session.root_cause,
         session.first_bad_token,
         getattr(session, "divergence", None),
+        [*getattr(session, "notes", ()), *notes],
     )
 
 
@@ -266,9 +269,10 @@ class ReportStream:
                 fields = session.settled_fields(part, LINE_METRICS)
                 self._write([(self._fh, field_lines(fields, self.rows).encode())], len(part))
 
-    def finish(self, session: Any, incomplete: str = "") -> None:
-        """The report's head (summary, findings) from ``session``; rename the file in."""
-        head = _report_object(session)
+    def finish(self, session: Any, incomplete: str = "", notes: Sequence[str] = ()) -> None:
+        """The report's head (summary, findings, the session's and ``notes``) from
+        ``session``; rename the file in."""
+        head = _report_object(session, notes=notes)
         if incomplete:
             head = {**{k: v for k, v in head.items() if k != "rows"}, "incomplete": incomplete}
             head["rows"] = []
@@ -426,7 +430,7 @@ def conclude(
     elif not stream.rows:
         stream.discard()
         raise LayerwatchError(f"nothing to compare: {empty}")
-    stream.finish(session)  # the file, then the --json object on stdout
+    stream.finish(session, notes=notes)  # the file, then the --json object on stdout
     if not as_json and (summary_with_report or not output):
         out.write(summary_text(session) + "\n")
         for note in notes:

@@ -17,6 +17,8 @@ JSON (``layerwatch compare --json``, ``-o report.json``; keep these names stable
      "first_bad_token": int | null,
      "divergence": null | {"token", "golden_id", "target_id", "golden_margin", "near_tie",
                            "not_compared": {"tokens": [int, ...], "pairs": int}},
+     "notes": [str, ...],  (only when a reader noted damaged input: an index or dump.json cut
+                            short, a file skipped — a compare of part of what was meant)
      "rows": [{"token", "node", "tensor", "rank", "verdict", "metrics", "reason"}, ...]}
 
 ``summary.pairs`` counts compared pairs (pass + fail + diverged + error); unpaired tensors are
@@ -293,16 +295,20 @@ def json_report(
     root_cause: Finding | None,
     first_bad_token: int | None,
     divergence: Divergence | None = None,
+    notes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The ``--json`` object (module docstring)."""
-    return {
+    """The ``--json`` object (module docstring); ``notes`` only where there are any."""
+    obj: dict[str, Any] = {
         "summary": summary.to_json(),
         "first_failure": _finding(first_failure),
         "root_cause": _finding(root_cause),
         "first_bad_token": first_bad_token,
         "divergence": divergence.to_json() if divergence is not None else None,
-        "rows": [json_row(r) for r in results],
     }
+    if notes:
+        obj["notes"] = list(notes)
+    obj["rows"] = [json_row(r) for r in results]
+    return obj
 
 
 _ENCODER = ENCODER

@@ -176,7 +176,7 @@ def test_report_writers_give_the_same_bytes_without_orjson(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The CSV lines and JSON rows of the pair-rate test's results, with and without orjson."""
-    from engine.test_pair_rate_paths import _results  # type: ignore[import-not-found]
+    from tests.engine.test_pair_rate_paths import _results
 
     monkeypatch.setattr(floattext, "_BULK", 0)
     results = _results()

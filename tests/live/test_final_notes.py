@@ -7,6 +7,7 @@ watcher that also finds the file incomplete; the note still appears once.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -55,10 +56,27 @@ def test_compare_without_its_summary_names_the_truncated_file_on_stderr(
     note = f"note: golden: {cut}: truncated or corrupt, skipped"
     assert proc.stderr.count(note) == 1, proc.stderr
     assert note not in proc.stdout
-    if "--json" in output:
-        import json
+    if "--json" in output:  # a script reading the object learns it too
+        obj = json.loads(proc.stdout)
+        assert obj["summary"]["unpaired"] == 1
+        assert f"golden: {cut}: truncated or corrupt, skipped" in obj["notes"]
+        assert list(obj)[-1] == "rows"
+    if output[-1].endswith(".jsonl"):
+        tail = json.loads((tmp_path / output[-1]).read_text().splitlines()[-1])
+        assert f"golden: {cut}: truncated or corrupt, skipped" in tail["notes"]
 
-        assert json.loads(proc.stdout)["summary"]["unpaired"] == 1
+
+def test_a_whole_dump_has_no_notes_key(tmp_path: Path) -> None:
+    """Notes are in the object only when a reader made some: clean dumps keep its shape."""
+    proc = layerwatch(
+        "compare",
+        str(FIXTURES / "golden" / "msit_dump_fixture"),
+        str(FIXTURES / "target" / "msit_dump_fixture"),
+        "--json",
+        timeout=90,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "notes" not in json.loads(proc.stdout) and proc.stderr == ""
 
 
 def test_open_headless_json_says_the_note_as_it_happens_and_not_again(
