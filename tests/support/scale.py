@@ -3,15 +3,16 @@ the whole-run session every format took before windows, and ``compare`` in small
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from layerwatch.engine.outcome import ReportStream
 from layerwatch.engine.readers import open_dump
+from layerwatch.engine.runner import _spread_ranks
 from layerwatch.engine.session import windowed
 from layerwatch.engine.session.core import CompareSession
-from layerwatch.engine.session.ranks import spread_updates, world_size
 from layerwatch.tui.cli import main
 
 
@@ -21,7 +22,7 @@ def whole_run_report(golden: Path, target: Path, out: Path) -> None:
         side: open_dump(path, side=side).poll(None, final=True)
         for side, path in (("golden", golden), ("target", target))
     }
-    spread_updates(updates["golden"], updates["target"], world_size(target), None)
+    _spread_ranks(updates, argparse.Namespace(target=str(target), map=None))  # + absent ranks
     session = CompareSession(jobs=1, side_stats=True)
     try:
         session.compare_finished(updates["golden"], updates["target"])
