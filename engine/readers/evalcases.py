@@ -65,13 +65,13 @@ def read_eval(path: str | Path) -> EvalRun:
     p = Path(path)
     if not p.is_file():
         raise LayerwatchError(f"{p}: no such evaluation file")
-    rows, torn = _raw_rows(p)
+    rows, torn, unterminated = _raw_rows(p)
     columns = _columns(p, rows)
     cases: list[EvalCase] = []
     skipped = 0
     seen: dict[tuple[str, str | None], int] = {}
     notes = [] if torn is None else [_torn_note(p, torn)]
-    open_end = torn is None and bool(rows) and _unterminated(p)
+    open_end = torn is None and bool(rows) and unterminated
     for line, row in rows:
         key = _text(row.get("key"))
         passed = _text(row.get("passed"))
@@ -110,29 +110,23 @@ def _torn_note(p: Path, line: int) -> str:
     return f"{p}:{line}: last line cut short (no newline at the end), skipped"
 
 
-def _unterminated(p: Path) -> bool:
-    """The file's last byte is not a line end: its last line may be cut short."""
-    with p.open("rb") as fh:
-        fh.seek(0, 2)
-        if fh.tell() == 0:
-            return False
-        fh.seek(-1, 2)
-        return fh.read(1) not in (b"\n", b"\r")
-
-
-def _raw_rows(p: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
-    """The rows, and the number of a JSONL last line cut short (left out), else None."""
+def _raw_rows(p: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | None, bool]:
+    """The rows; the number of a JSONL last line cut short (left out), else None; and whether
+    a file of lines (CSV, JSONL) ends without a line end: its last line may be cut short (a
+    JSON array is whole or does not parse)."""
     try:
         text = p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise LayerwatchError(f"{p}: cannot read: {exc}") from None
     suffix = p.suffix.lower()
+    unterminated = bool(text) and not text.endswith(("\n", "\r"))
     if suffix == ".csv":
-        return _csv_rows(p, text), None
+        return _csv_rows(p, text), None, unterminated
     if suffix in (".jsonl", ".ndjson"):
-        return _jsonl_rows(p, text)
+        rows, torn = _jsonl_rows(p, text, unterminated)
+        return rows, torn, unterminated
     if suffix == ".json":
-        return _json_rows(p, text), None
+        return _json_rows(p, text), None, False
     raise LayerwatchError(f"{p}: unknown evaluation file type (supported: .csv, .jsonl, .json)")
 
 
@@ -153,10 +147,13 @@ def _csv_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def _jsonl_rows(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
+def _jsonl_rows(
+    p: Path, text: str, torn: bool
+) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
+    """The rows, and the number of a last line that does not parse when ``torn`` (the text
+    ends without a line end): left out, not an error."""
     out: list[tuple[int, dict[str, Any]]] = []
     lines = text.splitlines()
-    torn = bool(text) and not text.endswith(("\n", "\r"))
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -222,3 +222,12 @@ def test_a_last_line_cut_short_is_left_out_with_a_note(runs: tuple[Path, Path], 
     text_out = _cli(*args)
     assert f"note: {cut}:{line}: last line cut short" in text_out.stdout
     assert text_out.returncode == out.returncode
+
+
+def test_a_json_array_without_a_final_newline_is_whole(tmp_path: Path) -> None:
+    """``json.dump`` writes no newline at the end: a JSON array that parses is whole, so its
+    last case's bad pass value is still one line, exit 2 — not a cut line left out."""
+    path = tmp_path / "eval.json"
+    path.write_text('[{"key": "a", "passed": true}, {"key": "b", "passed": "maybe"}]')
+    with pytest.raises(LayerwatchError, match=r"eval\.json:2: pass value 'maybe'"):
+        read_eval(path)
