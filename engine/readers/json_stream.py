@@ -200,3 +200,17 @@ class ObjectStream:
         if decoding.startswith("Invalid \\uXXXX"):
             return re.fullmatch(r"u[0-9a-fA-F]{0,3}", tail) is not None
         return _CUT_TAIL.fullmatch(tail) is not None
+
+
+def read_cut(
+    path: Path, nested: str | None = None
+) -> tuple[list[tuple[str | None, str, Any]], int] | None:
+    """A file ``json.loads`` refused, read as far as it is whole: (the entries
+    :meth:`ObjectStream.walk` yields, where the file ends) when it is cut short and nothing
+    else is wrong; None when it is corrupt or cannot be read."""
+    try:
+        stream = ObjectStream(path, cut_ok=True)
+        entries = list(stream.walk(nested))
+    except (OSError, JsonStreamError):
+        return None
+    return None if stream.cut is None else (entries, stream.cut)

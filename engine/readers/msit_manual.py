@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.readers import json_stream
 from layerwatch.engine.readers.base import DirectoryReader, ReaderUpdate, cut_short_note
-from layerwatch.engine.readers.json_stream import JsonStreamError, ObjectStream
 from layerwatch.engine.readers.locate import locate_manual as locate
 from layerwatch.engine.records import Locator, TensorKey, TensorRecord
 
@@ -55,14 +55,11 @@ def read_cut(path: Path) -> tuple[dict[str, dict[int, tuple[str, str]]], int] | 
     """A metadata file ``json.loads`` refused, read as far as it is whole: (its complete data
     ids, where it ends) when it is cut short (msit killed while it rewrote it) and nothing else
     is wrong; None when it is corrupt."""
-    try:
-        stream = ObjectStream(path, cut_ok=True)
-        pairs = [(key, value) for _, key, value in stream.walk()]
-    except (OSError, JsonStreamError):
+    cut = json_stream.read_cut(path)
+    if cut is None:
         return None
-    if stream.cut is None:
-        return None
-    return _points(_merge_pairs(pairs), str(path)), stream.cut
+    entries, at = cut
+    return _points(_merge_pairs([(key, value) for _, key, value in entries]), str(path)), at
 
 
 def _points(raw: Any, where: str) -> dict[str, dict[int, tuple[str, str]]]:

@@ -29,7 +29,7 @@ from layerwatch.engine.readers.base import (
     scandir,
     skipped_note,
 )
-from layerwatch.engine.readers.json_stream import JsonStreamError, ObjectStream
+from layerwatch.engine.readers.json_stream import read_cut
 from layerwatch.engine.readers.load import canonical_dtype, load_array
 from layerwatch.engine.readers.locate import _RANK, _STEP, DUMP
 from layerwatch.engine.readers.locate import locate_msprobe as locate
@@ -445,24 +445,22 @@ def _read_cut(path: Path, nested: str | None = None) -> tuple[dict[str, Any], in
     """A JSON object ``json.loads`` refused, read as far as it is whole: (its complete entries,
     those of ``nested`` as an object under that key, where the file ends) when it is cut short
     and nothing else is wrong; None when it is corrupt (or cannot be read)."""
+    cut = read_cut(path, nested)
+    if cut is None:
+        return None
+    entries, at = cut
     outer: dict[str, Any] = {}
     inner: dict[str, Any] = {}
-    try:
-        stream = ObjectStream(path, cut_ok=True)
-        for where, name, value in stream.walk(nested):
-            if where is None:
-                outer.setdefault(name, value)
-            else:
-                inner[name] = value
-    except (OSError, JsonStreamError):
-        return None
-    if stream.cut is None:
-        return None
+    for where, name, value in entries:
+        if where is None:
+            outer.setdefault(name, value)
+        else:
+            inner[name] = value
     if nested is not None:
         if nested in outer and not isinstance(outer[nested], dict):
             return None
         outer[nested] = inner
-    return outer, stream.cut
+    return outer, at
 
 
 def _cut_note(path: Path, at: int, calls: int) -> str:
