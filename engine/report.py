@@ -311,11 +311,8 @@ def json_report(
     return obj
 
 
-_ENCODER = ENCODER
-
-
 def dumps_json(report: dict[str, Any] | list[dict[str, Any]]) -> str:
-    return _ENCODER.encode(report)
+    return ENCODER.encode(report)
 
 
 def json_head(report: dict[str, Any]) -> str:
