@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.metrics import MetricAccumulator, metric_values
-from layerwatch.engine.records import Stats
+from layerwatch.engine.records import Stats, plain_stats
 
 SMALL = 1 << 15
 """Pairs with at most this many elements are measured here (break-even with the streaming
@@ -109,8 +109,8 @@ def small_results(
                 # its sums start at 0.0 (0.0 + -0.0 is 0.0), max/min at ∓inf
                 g_hi, g_lo, g_sum, t_hi, t_lo, t_sum = values[10:]
                 stats = (
-                    Stats(g_hi, g_lo, (0.0 + g_sum) / n, math.sqrt(0.0 + values[0]), 0, 0),
-                    Stats(t_hi, t_lo, (0.0 + t_sum) / n, math.sqrt(0.0 + values[1]), 0, 0),
+                    plain_stats(g_hi, g_lo, (0.0 + g_sum) / n, math.sqrt(0.0 + values[0]), 0, 0),
+                    plain_stats(t_hi, t_lo, (0.0 + t_sum) / n, math.sqrt(0.0 + values[1]), 0, 0),
                 )
             out[live[k]] = (metrics, stats)
     if odd:
