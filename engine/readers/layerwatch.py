@@ -56,8 +56,8 @@ DECODE_LINES = 512
 ORJSON_LINES = 2048
 """Lines of one decode call from which orjson decodes them (imported then, if not yet): its
 import (~4 ms, with the ``datetime`` and ``uuid`` modules it brings) costs what ~2 000 lines
-decoded by ``json`` instead of orjson cost (2.2 against 1.0 µs a bench line, load ~2), so a
-small index does not pay it. Once imported (here or by ``engine/floattext.py``) every block
+decoded by ``json`` instead of orjson cost (1.96 against 0.86 µs a bench line, and ~0.2 for the
+:data:`_BIG_RUN` check), so a small index does not pay it. Once imported (here or by ``engine/floattext.py``) every block
 uses it."""
 _orjson: Any = None
 """orjson once :func:`_fast_json` imported it; None before, or where it is not importable."""
