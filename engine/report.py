@@ -220,7 +220,7 @@ def line_fields(result: PairResult) -> tuple[Any, ...]:
         result.key.token,
         None if golden is None else _side_fields(golden, golden.stats or result.golden_stats),
         None if target is None else _side_fields(target, target.stats or result.target_stats),
-        [get(name) for name in LINE_METRICS],
+        list(map(get, LINE_METRICS)),
         result.verdict.value,
         result.failed,
         result.reason,

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from layerwatch.engine.records import NORM_REL, RED
+from layerwatch.engine.records import NORM_REL, RED, slot_setters
 
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 """Unit roundoff of each float dtype class (half the distance from 1 to the next value)."""
@@ -143,10 +143,38 @@ def local_figure(
     scale = (nre_out - limit.scale_gain * nre_in) / u
     # the larger share of its limit; noise on a tie (as max() over [noise, scale] picks)
     if scale / limit.scale > noise / limit.red:
-        return LocalFigure(
+        return _figure(
             scale / limit.scale, red_in, "scale", scale, limit.scale, limit.scale_gain, klass
         )
-    return LocalFigure(noise / limit.red, red_in, "noise", noise, limit.red, limit.red_gain, klass)
+    return _figure(noise / limit.red, red_in, "noise", noise, limit.red, limit.red_gain, klass)
+
+
+_FIGURE_SLOTS = slot_setters(LocalFigure)
+
+
+def _figure(
+    ratio: float,
+    input_error: float,
+    part: str,
+    excess_u: float,
+    limit_u: float,
+    gain: float,
+    klass: str,
+) -> LocalFigure:
+    """``LocalFigure(...)`` with its slots set directly: the frozen dataclass's ``__init__``
+    pays an ``object.__setattr__`` call a field (a figure is made for most output pairs;
+    ``records.plain_locator`` does the same for a locator). The same object as the
+    constructor's (``tests/engine/test_pair_rate_paths.py``)."""
+    figure = object.__new__(LocalFigure)
+    s = _FIGURE_SLOTS
+    s[0](figure, ratio)
+    s[1](figure, input_error)
+    s[2](figure, part)
+    s[3](figure, excess_u)
+    s[4](figure, limit_u)
+    s[5](figure, gain)
+    s[6](figure, klass)
+    return figure
 
 
 def embedding_input() -> dict[str, float]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from layerwatch.engine.numerics import fused
 from layerwatch.engine.numerics.metrics import MetricAccumulator, metric_values
-from layerwatch.engine.records import Stats
+from layerwatch.engine.records import Stats, plain_stats
 
 SMALL = 1 << 15
 """Pairs with at most this many elements are measured here (break-even with the streaming
@@ -99,20 +99,26 @@ def small_results(
     if live:
         gs = [pairs[i][0] for i in live]
         ts = [pairs[i][1] for i in live]
-        for k, (n, is_bad, *values) in enumerate(_columns(gs, ts, rel_floor, side_stats)):
-            if is_bad:
-                odd.append(live[k])
+        # a row: (n, not finite, the ten sums, then with side_stats six extremes); indexed,
+        # not unpacked with a star (a list a pair)
+        for at, row in zip(live, _columns(gs, ts, rel_floor, side_stats), strict=True):
+            if row[1]:
+                odd.append(at)
                 continue
-            metrics = metric_values(n, *values[:10])
+            n = row[0]
+            metrics = metric_values(n, *row[2:12])
             stats = None
             if side_stats:  # SideStats.add_sums, then stats(), of a clean segment (count n > 0):
                 # its sums start at 0.0 (0.0 + -0.0 is 0.0), max/min at ∓inf
-                g_hi, g_lo, g_sum, t_hi, t_lo, t_sum = values[10:]
                 stats = (
-                    Stats(g_hi, g_lo, (0.0 + g_sum) / n, math.sqrt(0.0 + values[0]), 0, 0),
-                    Stats(t_hi, t_lo, (0.0 + t_sum) / n, math.sqrt(0.0 + values[1]), 0, 0),
+                    plain_stats(
+                        row[12], row[13], (0.0 + row[14]) / n, math.sqrt(0.0 + row[2]), 0, 0
+                    ),
+                    plain_stats(
+                        row[15], row[16], (0.0 + row[17]) / n, math.sqrt(0.0 + row[3]), 0, 0
+                    ),
                 )
-            out[live[k]] = (metrics, stats)
+            out[at] = (metrics, stats)
     if odd:
         odd.sort()
         accs = small_accumulators([pairs[i] for i in odd], rel_floor, side_stats=side_stats)

@@ -14,7 +14,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from layerwatch.engine.records import Locator, Stats, TensorRecord, Topology
+from layerwatch.engine.records import Locator, Stats, TensorRecord, Topology, plain_stats
 
 
 @dataclass(slots=True)
@@ -213,7 +213,7 @@ def stats_from(values: Mapping[str, object] | None) -> Stats | None:
         and 0 <= nan < _EXACT_INT
         and 0 <= inf < _EXACT_INT
     ):
-        return Stats(high, low, mean, norm, nan, inf)
+        return plain_stats(high, low, mean, norm, nan, inf)
 
     def num(key: str, *alts: str) -> float:
         for k in (key, *alts):

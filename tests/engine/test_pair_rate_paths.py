@@ -9,8 +9,10 @@ needs quoting."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
+import pickle
 import struct
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine import report
-from layerwatch.engine.numerics.local import LocalLimit, local_figure
+from layerwatch.engine.numerics.local import LocalFigure, LocalLimit, local_figure
 from layerwatch.engine.numerics.thresholds import Thresholds, _within
 from layerwatch.engine.readers.base import stats_from
 from layerwatch.engine.readers.load import HELD, load_flat, load_flat_many
@@ -37,6 +39,7 @@ from layerwatch.engine.records import (
     TensorKey,
     TensorRecord,
     Verdict,
+    plain_stats,
 )
 from layerwatch.engine.session.store import ResultStore
 
@@ -337,6 +340,11 @@ def test_local_figure_takes_the_larger_share_noise_on_a_tie(
     assert fig is not None
     assert fig.part == ("scale" if scale / 2.0 > noise / 2.0 else "noise")
     assert fig.ratio == max(noise, scale) / 2.0
+    # built slot by slot (local._figure): the constructor's object
+    part = fig.part
+    share = scale if part == "scale" else noise
+    want = LocalFigure(share / 2.0, red_in, part, share, 2.0, 1.0, "fp32")
+    _same_frozen(fig, want)
     assert (
         local_figure({RED: math.nan, NORM_REL: 0.0}, [{RED: 0.0, NORM_REL: 0.0}], "fp32", limit)
         is None
@@ -413,3 +421,43 @@ def test_small_results_are_what_an_accumulator_a_pair_gives(side_stats: bool) ->
             # repr: the report's text, which tells -0.0 from 0.0 and compares NaN as text
             assert repr(metrics) == repr(acc.result())
             assert repr(stats) == repr(acc.side_stats() if side_stats else None)
+
+
+def _same_frozen(got: object, want: object) -> None:
+    """``got`` (slot setters) is the frozen dataclass object the constructor made: equal,
+    same hash, text and field types, frozen, pickled alike."""
+    assert type(got) is type(want)
+    assert got == want and hash(got) == hash(want) and repr(got) == repr(want)
+    for f in dataclasses.fields(want):  # type: ignore[arg-type]
+        assert type(getattr(got, f.name)) is type(getattr(want, f.name))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(got, dataclasses.fields(want)[0].name, 1.0)  # type: ignore[arg-type]
+    assert pickle.loads(pickle.dumps(got)) == want
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        (1.5, -2.0, 0.25, 3.0, 0, 0),
+        (-0.0, 0.0, 5e-324, 1e308, 7, 1 << 60),
+        (2.0, 1.0, 1.5, 2.5, 1, 2),
+    ],
+)
+def test_plain_stats_is_the_constructors(values: tuple) -> None:
+    _same_frozen(plain_stats(*values), Stats(*values))
+
+
+def test_a_new_result_by_position_is_the_keyword_ones() -> None:
+    """``compare._new_result`` passes every field up to ``is_logits`` by position."""
+    from layerwatch.engine.numerics.compare import _new_result
+
+    g = _record("/g.safetensors", node_type="")
+    t = _record("/t.safetensors", node_type="Linear")
+    for is_logits in (False, True):
+        got = _new_result(g, t, is_logits)
+        want = PairResult(
+            key=g.key, verdict=Verdict.ERROR, golden=g, target=t, node_type="Linear",
+            is_logits=is_logits,
+        )  # fmt: skip
+        assert got == want and repr(got) == repr(want)
+        assert got.metrics == {} and got.metrics is not _new_result(g, t, is_logits).metrics
