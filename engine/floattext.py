@@ -23,29 +23,20 @@ import math
 import re
 from typing import Any
 
-_orjson: Any = None
-"""orjson once :func:`_bulk` imported it; None before, or where it is not importable."""
-_TRIED = False
+from layerwatch.engine import orjson_lazy
+
 _BULK = 2048
-"""Numbers in a block below which they are written value by value: orjson's import (~4 ms on
-this box, with the ``datetime`` and ``uuid`` modules it brings) costs what ~6 000 ``repr`` calls
-cost, and a compare that writes no report does not import it."""
+"""Numbers in a block below which they are written value by value: orjson's import
+(``engine/orjson_lazy.py``) costs what ~6 000 ``repr`` calls cost, and a compare that writes no
+report does not import it."""
 
 
 def _bulk(numbers: int) -> Any:
     """orjson for a block of ``numbers`` values (imported on the first such block), or None:
     a small block, or no orjson."""
-    global _orjson, _TRIED
     if numbers < _BULK:
         return None
-    if not _TRIED:
-        _TRIED = True
-        try:
-            import orjson
-        except ImportError:  # a dependency (pyproject.toml); tests run both ways
-            return None
-        _orjson = orjson
-    return _orjson
+    return orjson_lazy.module(True)
 
 
 ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))

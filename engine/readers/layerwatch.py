@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 from layerwatch.capture import format as lwf
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.capture.framing import whole_lines
+from layerwatch.engine import orjson_lazy
 from layerwatch.engine.readers.base import (
     DirectoryReader,
     RankIndex,
@@ -57,11 +57,8 @@ ORJSON_LINES = 2048
 """Lines of one decode call from which orjson decodes them (imported then, if not yet): its
 import (~4 ms, with the ``datetime`` and ``uuid`` modules it brings) costs what ~2 000 lines
 decoded by ``json`` instead of orjson cost (1.96 against 0.86 µs a bench line, and ~0.2 for the
-:data:`_BIG_RUN` check), so a small index does not pay it. Once imported (here or by ``engine/floattext.py``) every block
-uses it."""
-_orjson: Any = None
-"""orjson once :func:`_fast_json` imported it; None before, or where it is not importable."""
-_TRIED = False
+:data:`_BIG_RUN` check), so a small index does not pay it. Once imported (here, by
+``engine/floattext.py`` or anything else; ``engine/orjson_lazy.py``) every block uses it."""
 _BIG_INT = bytes.maketrans(b"0123456789:,[- \t\r\n", b"0000000000||||||||")
 """Digits to ``0`` and what may stand before a number's digits (a separator, its sign,
 whitespace) to ``|``: a number of 19 digits or more then reads ``|`` and 19 zeros."""
@@ -639,21 +636,10 @@ def parse_topology(obj: dict) -> Topology:
 
 def _fast_json(lines: int) -> Callable[[bytes], Any] | None:
     """orjson's ``loads`` for a decode call of ``lines`` index lines (:data:`ORJSON_LINES`),
-    or None: a small call before orjson was imported, or no orjson (a dependency,
-    pyproject.toml; where it cannot be imported ``json`` decodes every line, as before)."""
-    global _orjson, _TRIED
-    if _orjson is None:
-        lib = sys.modules.get("orjson")
-        if lib is None:
-            if lines < ORJSON_LINES or _TRIED:
-                return None
-            _TRIED = True
-            try:
-                import orjson as lib
-            except ImportError:
-                return None
-        _orjson = lib
-    return _orjson.loads
+    or None: a small call before orjson was imported, or no orjson (``engine/orjson_lazy.py``;
+    ``json`` then decodes every line, as before)."""
+    lib = orjson_lazy.module(lines >= ORJSON_LINES)
+    return None if lib is None else lib.loads
 
 
 def _at_byte(offset: int) -> Callable[[int], str]:

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from layerwatch.engine import floattext, report
+from layerwatch.engine import floattext, orjson_lazy, report
 
 EDGES: list[float] = [
     0.0,
@@ -52,8 +52,8 @@ def _reference(values: list[object]) -> list[str]:
 
 def _without_orjson(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a box where orjson cannot be imported."""
-    monkeypatch.setattr(floattext, "_TRIED", True)
-    monkeypatch.setattr(floattext, "_orjson", None)
+    monkeypatch.setattr(orjson_lazy, "_TRIED", True)
+    monkeypatch.setattr(orjson_lazy, "_orjson", None)
 
 
 @pytest.fixture(params=["orjson", "standard library"])

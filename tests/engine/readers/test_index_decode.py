@@ -6,7 +6,6 @@ of float range, a byte-order mark, corrupt lines) as well as on plain ones."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -121,17 +120,3 @@ def test_an_index_decodes_the_same_with_and_without_orjson(
     # a block a line of _ODD/_RAW, and one for the end line: those holding an integer of 19
     # digits or more (7 of _ODD, 1 of _RAW) went to json at once, the others to orjson first
     assert len(decoded) == len(_ODD) + len(_RAW) + 1 - 8
-
-
-def test_orjson_is_imported_only_for_a_call_worth_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below :data:`ORJSON_LINES` lines a call before orjson was imported decodes with json
-    (its import costs what ~2 000 lines' decoding saves); from there on, or once imported by
-    anyone, orjson."""
-    monkeypatch.setattr(lw, "_orjson", None)
-    monkeypatch.setattr(lw, "_TRIED", False)
-    monkeypatch.delitem(sys.modules, "orjson", raising=False)
-    assert lw._fast_json(lw.ORJSON_LINES - 1) is None
-    assert "orjson" not in sys.modules
-    loads = lw._fast_json(lw.ORJSON_LINES)
-    assert loads is not None and loads(b"[1]") == [1]
-    assert lw._fast_json(1) is loads
