@@ -22,7 +22,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from layerwatch.engine.records import PairResult, Stats, TensorKey, stem_part
@@ -147,7 +147,7 @@ class SettledTokens:
                 )
             )
         for i in _wide_rows(rows):
-            row = rows[i]
+            row = cast(tuple[float, ...], rows[i])  # its statistics are floats
             self._wide[n + i] = (row[2], row[3], row[6], row[4], row[5], row[7])
         return rows
 
