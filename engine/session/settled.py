@@ -15,15 +15,17 @@ headless compare's does (engine/session/store.py), so RAM keeps a few bytes a pa
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-from layerwatch.engine.records import PairResult, Stats, TensorKey
+from layerwatch.engine.records import PairResult, Stats, TensorKey, stem_part
 from layerwatch.engine.seam import CellUpdate
 from layerwatch.engine.session.cell_table import CellTable
 from layerwatch.engine.session.cells import aggregate, is_failure
@@ -110,37 +112,43 @@ class SettledTokens:
         start = len(self.store)
         self.store.append(results, self._extra(results, start))
         self.ranges[token] = (start, len(self.store))
-        at = {id(r): start + i for i, r in enumerate(results)}
         if first is not None:
             self.findings[token] = TokenFindings(
-                at[id(first)], at[id(cause[0])] if cause else -1, cause[1] if cause else False
+                start + _index_of(results, first),
+                start + _index_of(results, cause[0]) if cause else -1,
+                cause[1] if cause else False,
             )
-        for result in results:
-            self.blocks[(result.key.node, result.key.part)] = result.block
+        parts = _PARTS
+        self.blocks.update(
+            ((key.node, parts.get(key.stem) or _part(key.stem)), block)
+            for key, block in map(_KEY_BLOCK, results)
+        )
         self.cells.add_token(token, _cells(token, results, start))
         self.tensors["golden"] += len(results)
         self.tensors["target"] += len(results)
 
     def _extra(self, results: list[PairResult], n: int) -> list[tuple[object, ...]]:
+        """Each result's :data:`EXTRA` row; rows whose max/min float32 cannot hold exactly go
+        to ``_wide`` too (found with numpy over the token, not a float32 scalar a value)."""
         s = self.store.strings.id
         rows: list[tuple[object, ...]] = []
-        for i, r in enumerate(results):
-            g = _stats(r.golden.stats if r.golden is not None else None, r.golden_stats)
-            t = _stats(r.target.stats if r.target is not None else None, r.target_stats)
-            if not all(_narrow(v) for v in (g[0], g[1], t[0], t[1])):
-                self._wide[n + i] = (*g, *t)
+        for r in results:
+            golden, target = r.golden, r.target
+            g = (golden.stats if golden is not None else None) or r.golden_stats
+            t = (target.stats if target is not None else None) or r.target_stats
             rows.append(
                 (
-                    s(r.golden.source) if r.golden is not None and r.golden.source else -1,
-                    s(r.target.source) if r.target is not None and r.target.source else -1,
-                    g[0],
-                    g[1],
-                    t[0],
-                    t[1],
-                    g[2],
-                    t[2],
+                    s(golden.source) if golden is not None and golden.source else -1,
+                    s(target.source) if target is not None and target.source else -1,
+                    *((g.max, g.min) if g is not None else _NO_RANGE),
+                    *((t.max, t.min) if t is not None else _NO_RANGE),
+                    g.mean if g is not None else math.nan,
+                    t.mean if t is not None else math.nan,
                 )
             )
+        for i in _wide_rows(rows):
+            row = cast(tuple[float, ...], rows[i])  # its statistics are floats
+            self._wide[n + i] = (row[2], row[3], row[6], row[4], row[5], row[7])
         return rows
 
     # --- reading ----------------------------------------------------------------------------
@@ -348,13 +356,39 @@ def _cells(token: int, results: list[PairResult], start: int) -> list[tuple[Cell
     ]
 
 
-def _stats(stats: Stats | None, computed: Stats | None) -> tuple[float, float, float]:
-    s = stats or computed
-    if s is None:
-        return (math.nan, math.nan, math.nan)
-    return (s.max, s.min, s.mean)
+_NO_RANGE = (math.nan, math.nan)
+_KEY_BLOCK = operator.attrgetter("key", "block")
+_RANGE = operator.itemgetter(2, 3, 4, 5)
+_PARTS: dict[str, str] = {}
+"""Stem → its part (``stem_part``: a regex match; a token's stems are the same few each time)."""
 
 
-def _narrow(value: float) -> bool:
-    """float32 holds ``value`` exactly (NaN and infinities included)."""
-    return value != value or float(np.float32(value)) == value
+def _part(stem: str) -> str:
+    if len(_PARTS) >= 1 << 16:  # bounded, as findings' stem keys are
+        _PARTS.clear()
+    part = _PARTS[stem] = stem_part(stem)
+    return part
+
+
+def _index_of(results: list[PairResult], result: PairResult) -> int:
+    """Where ``result`` itself (not an equal result) is in ``results``, in C."""
+    return list(map(operator.is_, results, itertools.repeat(result))).index(True)
+
+
+def _wide_rows(rows: list[tuple[object, ...]]) -> list[int]:
+    """The :data:`EXTRA` rows whose max or min (fields 2-5) float32 does not hold exactly (NaN
+    and infinities it does): each value against its float32 rounding, as ``v != v or
+    float(np.float32(v)) == v`` decides it, a token at a time (a float32 scalar a value cost
+    ~1 µs a pair). The comparisons are Python's (in C, by ``map``), so an int statistic beyond
+    2**53 is judged exactly, as it was."""
+    if not rows:
+        return []
+    flat = list(itertools.chain.from_iterable(map(_RANGE, rows)))
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, not equal, so wide
+        back = np.array(flat, np.float64).astype(np.float32).astype(np.float64).tolist()
+    narrow = np.fromiter(
+        map(operator.or_, map(operator.ne, flat, flat), map(operator.eq, back, flat)),
+        bool,
+        len(flat),
+    )
+    return np.flatnonzero(~narrow.reshape(-1, 4).all(axis=1)).tolist()

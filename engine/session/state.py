@@ -13,6 +13,7 @@ under the session's lock. Invariants:
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
 SIDES = ("golden", "target")
 _INT32 = (-(1 << 31), 1 << 31)
+_ORDER = operator.attrgetter("order")
+_FAIL, _ERROR = Verdict.FAIL, Verdict.ERROR
 SETTLE_LAG = 2
 """A token settles once both runs have records this many tokens past it (or finished): the
 files of one token can land out of order (msit writes a directory per token), not two apart."""
@@ -329,10 +332,11 @@ class SessionState:
         gkeys = self._keys_at["golden"][token]
         pairs = [p for k in gkeys if (p := self._pairs.get(k)) is not None]
         results: list[PairResult] = [p.eff for p in pairs if p.eff is not None]
-        if not all(_INT32[0] <= r.order < _INT32[1] for r in results):
+        orders = list(map(_ORDER, results))  # min/max in C, not a generator a pair
+        if orders and not (_INT32[0] <= min(orders) and max(orders) < _INT32[1]):
             return False  # an order the store's int32 column cannot hold: stays live
         results.sort(key=findings.report_key)
-        failures = [r for r in results if is_failure(r)]
+        failures = [r for r in results if r.verdict is _FAIL or r.verdict is _ERROR]  # is_failure
         first = findings.first_failure(failures)
         cause = findings.root_cause(failures, self._inputs) if failures else None
         self.settled.add_token(token, results, first, cause)

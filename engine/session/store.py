@@ -674,12 +674,16 @@ class ResultStore:
 
     def metric_lists(
         self, col: dict[str, list[Any]], names: Sequence[str]
-    ) -> Iterator[list[float | None]]:
+    ) -> list[list[float | None]]:
         """Each row's values of ``names`` (None: not measured): what :meth:`metric_dicts`'
-        dict gives for them, without the dict (a report line's values: ``settled.line_fields``)."""
+        dict gives for them, without the dict (a report line's values: ``settled.line_fields``).
+        Where the rows' pooled values lie together (a token's rows, as stored), they are taken
+        with numpy a metric set at a time into one table of Python objects (a list
+        comprehension a row was ~3 % of ``open --headless``'s report on many small pairs)."""
+        msets = col["mset"]
         sets = self.metric_sets.values
         plans = {}  # metric set → per name: (its offset among the pooled values, or -1; constant)
-        for m in set(col["mset"]):
+        for m in set(msets):
             at: dict[str, tuple[int, float | None]] = {}
             pooled = 0
             for name, const in sets[m]:
@@ -689,11 +693,30 @@ class ResultStore:
                 else:
                     at[name] = (-1, const)
             plans[m] = [at.get(name, (-1, None)) for name in names]
-        for m, got in zip(col["mset"], self._pooled(col), strict=True):
-            yield [got[k] if k >= 0 else const for k, const in plans[m]]
+        _, lo, span = self._span(col)
+        if span is None:  # far apart: each row's values read by themselves
+            return [
+                [got[k] if k >= 0 else const for k, const in plans[m]]
+                for m, got in zip(msets, self._pooled(col), strict=True)
+            ]
+        pool = np.array(span, np.float64)
+        of_row, pos = np.array(msets, np.int64), np.array(col["mpos"], np.int64) - lo
+        out = np.empty((len(msets), len(names)), object)
+        for m, plan in plans.items():
+            rows = np.flatnonzero(of_row == m)
+            taken = [j for j, (k, _) in enumerate(plan) if k >= 0]
+            if taken:
+                ks = np.array([plan[j][0] for j in taken], np.int64)
+                # astype(object): Python floats (the pool's tolist gives the same ones)
+                out[rows[:, None], taken] = pool[pos[rows][:, None] + ks].astype(object)
+            for j, (k, const) in enumerate(plan):
+                if k < 0:
+                    out[rows, j] = const
+        return out.tolist()
 
-    def _pooled(self, col: dict[str, list[Any]]) -> Iterator[list[float]]:
-        """Each row's pooled metric values (those not exactly +0.0 or 1.0), in its set's order."""
+    def _span(self, col: dict[str, list[Any]]) -> tuple[list[int], int, list[float] | None]:
+        """Each row's count of pooled values, and the pool from the rows' first such value to
+        their last (from ``lo``) when that span is not much more than theirs (else None)."""
         sets = self.metric_sets.values
         count_of = {m: sum(c is None for _, c in sets[m]) for m in set(col["mset"])}
         counts = [count_of[m] for m in col["mset"]]
@@ -701,7 +724,12 @@ class ResultStore:
         lo = min(p for p, c in zip(mpos, counts, strict=True) if c) if any(counts) else 0
         hi = max((p + c for p, c in zip(mpos, counts, strict=True) if c), default=lo)
         span = self._values(lo, hi - lo) if hi - lo <= 2 * sum(counts) + 4096 else None
-        for count, pos in zip(counts, mpos, strict=True):
+        return counts, lo, span
+
+    def _pooled(self, col: dict[str, list[Any]]) -> Iterator[list[float]]:
+        """Each row's pooled metric values (those not exactly +0.0 or 1.0), in its set's order."""
+        counts, lo, span = self._span(col)
+        for count, pos in zip(counts, col["mpos"], strict=True):
             yield (
                 span[pos - lo : pos - lo + count] if span is not None else self._values(pos, count)
             )
