@@ -6,6 +6,7 @@ around, and the TUI must be able to hold them without pulling in numerics.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,8 +75,11 @@ HIGHER_IS_BETTER = frozenset({COSINE, ONE_THOUSANDTH, FIVE_THOUSANDTHS, TOP1, TO
 _STEM = re.compile(r"^(input|output)(?:_(.+))?$")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def stem_part(stem: str) -> str:
-    """``"input"`` or ``"output"`` for an msit-style file stem (``input_0``, ``output``, ...)."""
+    """``"input"`` or ``"output"`` for an msit-style file stem (``input_0``, ``output``, ...).
+    Remembered (a regex match; a run's stems are the same few, asked for a pair at a time when
+    a token settles)."""
     match = _STEM.match(stem)
     if match is None:
         raise ValueError(f"not a tensor stem: {stem!r}")

@@ -118,10 +118,8 @@ class SettledTokens:
                 start + _index_of(results, cause[0]) if cause else -1,
                 cause[1] if cause else False,
             )
-        parts = _PARTS
         self.blocks.update(
-            ((key.node, parts.get(key.stem) or _part(key.stem)), block)
-            for key, block in map(_KEY_BLOCK, results)
+            ((key.node, stem_part(key.stem)), block) for key, block in map(_KEY_BLOCK, results)
         )
         self.cells.add_token(token, _cells(token, results, start))
         self.tensors["golden"] += len(results)
@@ -359,15 +357,6 @@ def _cells(token: int, results: list[PairResult], start: int) -> list[tuple[Cell
 _NO_RANGE = (math.nan, math.nan)
 _KEY_BLOCK = operator.attrgetter("key", "block")
 _RANGE = operator.itemgetter(2, 3, 4, 5)
-_PARTS: dict[str, str] = {}
-"""Stem → its part (``stem_part``: a regex match; a token's stems are the same few each time)."""
-
-
-def _part(stem: str) -> str:
-    if len(_PARTS) >= 1 << 16:  # bounded, as findings' stem keys are
-        _PARTS.clear()
-    part = _PARTS[stem] = stem_part(stem)
-    return part
 
 
 def _index_of(results: list[PairResult], result: PairResult) -> int:

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 SIDES = ("golden", "target")
 _INT32 = (-(1 << 31), 1 << 31)
 _ORDER = operator.attrgetter("order")
-_FAIL, _ERROR = Verdict.FAIL, Verdict.ERROR
 SETTLE_LAG = 2
 """A token settles once both runs have records this many tokens past it (or finished): the
 files of one token can land out of order (msit writes a directory per token), not two apart."""
@@ -336,7 +335,7 @@ class SessionState:
         if orders and not (_INT32[0] <= min(orders) and max(orders) < _INT32[1]):
             return False  # an order the store's int32 column cannot hold: stays live
         results.sort(key=findings.report_key)
-        failures = [r for r in results if r.verdict is _FAIL or r.verdict is _ERROR]  # is_failure
+        failures = [r for r in results if is_failure(r)]
         first = findings.first_failure(failures)
         cause = findings.root_cause(failures, self._inputs) if failures else None
         self.settled.add_token(token, results, first, cause)
