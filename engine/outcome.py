@@ -433,8 +433,7 @@ def conclude(
     stream.finish(session, notes=notes)  # the file, then the --json object on stdout
     if not as_json and (summary_with_report or not output):
         out.write(summary_text(session) + "\n")
-        for note in notes:
-            out.write(f"note: {note}\n")
+        out.write("".join(line + "\n" for line in note_lines(notes)))  # capped, as the session's
     elif not summary_with_report:  # `compare` without its summary (the live front ends
         notes_to_stderr([*session.notes, *notes])  # said each note as it came)
     out.flush()

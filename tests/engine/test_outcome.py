@@ -137,3 +137,24 @@ def test_the_tuis_export_goes_the_same_way(
     with pytest.raises(LayerwatchError, match=r"\.csv, \.json, \.jsonl or \.parquet"):
         pipeline.export(str(tmp_path / "r.txt"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
+
+
+def test_a_front_ends_own_notes_are_capped_under_the_summary() -> None:
+    """``conclude``'s caller's notes (the live pipeline's) go under the summary capped as the
+    session's are (``wording.note_lines``): hundreds of them must not bury it."""
+    import io
+
+    from layerwatch.engine.outcome import conclude
+    from support.sessions import compare_dumps
+
+    session = compare_dumps(GOLDEN, TARGET, jobs=1)
+    out = io.StringIO()
+    notes = [f"golden: note {i}" for i in range(12)]
+    code = conclude(
+        session, out, output=None, as_json=False, empty="-", summary_with_report=True, notes=notes
+    )
+    lines = out.getvalue().splitlines()
+    assert code == 1 and lines[0].startswith("first bad token")
+    ours = [line for line in lines if line.startswith("note: golden: note")]
+    assert ours == [f"note: {n}" for n in notes[:8]]
+    assert lines[-1] == "note: … 4 more"
