@@ -144,9 +144,9 @@ def _layer(name: str) -> str:
 # so it streams their bytes through readers/load.py (a large compare's next payloads read ahead
 # in a thread by readers/prefetch.py, with load's own functions) and fills seam's plain result
 # records (MetricCheck, PairDetail); it never reaches the other readers, the session or the
-# front ends.
+# front ends. The readers may also ask engine/orjson_lazy.py (a leaf) for orjson.
 _MAY_IMPORT = {
-    "engine.readers": {"layerwatch.engine.records"},
+    "engine.readers": {"layerwatch.engine.records", "layerwatch.engine.orjson_lazy"},
     "engine.numerics": {
         "layerwatch.engine.records",
         "layerwatch.engine.seam",
@@ -154,6 +154,7 @@ _MAY_IMPORT = {
         "layerwatch.engine.readers.prefetch",
     },
     "layerwatch.engine.records": set(),
+    "layerwatch.engine.orjson_lazy": set(),  # a leaf: when orjson is imported (the index decode)
     "layerwatch.engine.seam": {"layerwatch.engine.records", "layerwatch.engine.seam_detail"},
     "layerwatch.engine.seam_detail": {"layerwatch.engine.records"},
 }
