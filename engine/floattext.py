@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from itertools import chain
 from typing import Any
 
 from layerwatch.engine import orjson_lazy
@@ -55,6 +56,8 @@ _NONE = type(None)
 _PER_ROW = 16
 """About the numbers of a JSON row (its metrics), for :data:`_BULK`."""
 _FLOAT_OR_NONE = frozenset((float, _NONE))
+_RUN = 5
+"""About the numbers of a CSV line's run, for :data:`_BULK` (:func:`cell_runs`: 15 in three)."""
 
 
 def _sci(match: re.Match[bytes]) -> bytes:
@@ -92,19 +95,31 @@ def cell(value: Any) -> str:
 
 
 def cells(values: list[Any]) -> list[str]:
-    """:func:`cell` of each value, in one orjson call and a fix-up of the whole text."""
-    lib = _bulk(len(values))
-    if lib is None or not values:
-        return [cell(v) for v in values]
-    types = set(map(type, values))
-    if not types <= _FLOAT_OR_NONE:
-        values = [v if v is None or v.__class__ is float else float(v) for v in values]
-    text = _fixed(lib.dumps(values))[1:-1].decode("ascii")
-    if _NONE not in types and "null" not in text:
-        return text.split(",")
-    if text.count("null") == values.count(None):  # no NaN or Inf: every null is a None
-        return text.replace("null", "").split(",")
-    return [c if c != "null" else cell(v) for c, v in zip(text.split(","), values, strict=True)]
+    """:func:`cell` of each value, from one orjson call (:func:`cell_runs` of one-value runs)."""
+    return cell_runs([(value,) for value in values], 1)
+
+
+def cell_runs(runs: list[Any], per_run: int = _RUN) -> list[str]:
+    """Each run of numbers (a non-empty tuple or list) as its :func:`cell` texts joined by
+    ``,``, from one orjson call over the whole block and its text split a run rather than a value
+    (a CSV line's 15 numbers are three runs, ``report.field_lines``: 0.6 µs a line less than a
+    split into cells). ``per_run``: about the numbers a run, for :data:`_BULK`. NaN/Inf (orjson's
+    ``null`` where the values hold no None) take :func:`cell`; so does a block holding anything
+    but floats and None (an int, a numpy scalar: written as ``float``)."""
+    lib = _bulk(per_run * len(runs))
+    if lib is not None and runs:
+        types = set(map(type, chain.from_iterable(runs)))
+        if types <= _FLOAT_OR_NONE:
+            text = _fixed(lib.dumps(runs))[2:-2].decode("ascii")
+            if "null" not in text:
+                return text.split("],[")
+            if text.count("null") == sum(run.count(None) for run in runs):
+                return text.replace("null", "").split("],[")  # no NaN or Inf: nulls are Nones
+            return [
+                ",".join(map(cell, run)) if "null" in part else part
+                for part, run in zip(text.split("],["), runs, strict=True)
+            ]
+    return [",".join(map(cell, run)) for run in runs]
 
 
 def json_rows(rows: list[dict[str, Any]], sep: bytes) -> bytes:

@@ -39,7 +39,7 @@ import io
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from layerwatch.engine.floattext import ENCODER, cell, cells, finite, json_rows
+from layerwatch.engine.floattext import ENCODER, cell, cell_runs, finite, json_rows
 from layerwatch.engine.records import (
     EXACT,
     FIVE_THOUSANDTHS,
@@ -206,9 +206,6 @@ NO_HEAD = ",,,"
 _NO_STATS = (None, None, None)
 LINE_METRICS = (*MSIT_METRICS, LOCAL, INPUT_ERR)
 """The metrics a CSV line writes, in its order."""
-_N_MSIT = len(MSIT_METRICS)
-_PER_LINE = 6 + len(LINE_METRICS)
-"""Numbers a line writes: each side's (max, min, mean), then :data:`LINE_METRICS`."""
 
 
 def line_fields(result: PairResult) -> tuple[Any, ...]:
@@ -242,12 +239,14 @@ def field_lines(rows: Iterable[tuple[Any, ...]], first_id: int) -> str:
     type, order), ``data_id`` from ``first_id``: the bytes ``csv.writer`` writes for
     :func:`csv_row`, without a call a cell; every number of the block is formatted at once."""
     rows = rows if isinstance(rows, list) else list(rows)
-    flat: list[Any] = []
+    runs: list[Any] = []  # a line's numbers as three runs: each side's statistics, its metrics
     for _, golden, target, values, *_ in rows:
-        flat += _NO_STATS if golden is None else golden[4] or _NO_STATS
-        flat += _NO_STATS if target is None else target[4] or _NO_STATS
-        flat += values
-    c = cells(flat)
+        runs += (
+            _NO_STATS if golden is None else golden[4] or _NO_STATS,
+            _NO_STATS if target is None else target[4] or _NO_STATS,
+            values,
+        )
+    text = cell_runs(runs)
     out = []
     at = 0
     for data_id, (token, golden, target, _, verdict, failed, reason, node_type, order) in enumerate(
@@ -256,14 +255,14 @@ def field_lines(rows: Iterable[tuple[Any, ...]], first_id: int) -> str:
         reason = _field(reason)
         ghead = NO_HEAD if golden is None else side_head(golden[0], golden[1], golden[2], golden[3])
         thead = NO_HEAD if target is None else side_head(target[0], target[1], target[2], target[3])
+        msit, local, input_err = text[at + 2].rsplit(",", 2)
         out.append(
-            f"{token!s},{data_id},{ghead},{c[at]},{c[at + 1]},{c[at + 2]},"
-            f"{thead},{c[at + 3]},{c[at + 4]},{c[at + 5]},{','.join(c[at + 6 : at + 6 + _N_MSIT])},"
+            f"{token!s},{data_id},{ghead},{text[at]},{thead},{text[at + 1]},{msit},"
             f"{reason if verdict in ('error', 'unpaired') else ''},{_field(verdict)},"
             f"{_field(';'.join(failed))},{reason},{_field(node_type)},"
-            f"{order!s},{c[at + _PER_LINE - 2]},{c[at + _PER_LINE - 1]}\n"
+            f"{order!s},{local},{input_err}\n"
         )
-        at += _PER_LINE
+        at += 3
     return "".join(out)
 
 

@@ -77,6 +77,23 @@ def test_edge_cases_are_repr(formatter: str) -> None:
         assert floattext.cells([v, None, v]) == _reference([v, None, v]), v
 
 
+def test_runs_are_their_cells_joined(formatter: str) -> None:
+    """cell_runs (a CSV line's numbers as three runs, report.field_lines) gives each run's
+    cells joined by ",": edge values at a run's first and last place, Nones, NaN/Inf among
+    Nones, a run of Nones and a numpy scalar in the block."""
+    values: list[object] = [*EDGES, None, math.nan, None, -math.inf]
+    runs: list[object] = [tuple(values[at : at + 3]) for at in range(0, len(values) - 2, 2)]
+    runs += [(None, None, None), [1e-05, 2.5e-07, None], (1e-07,)]
+    want = [",".join(_reference(list(run))) for run in runs]
+    assert floattext.cell_runs(runs) == want
+    finite_runs = [r for r in runs if all(v is None or math.isfinite(v) for v in r)]
+    assert floattext.cell_runs(finite_runs) == [",".join(_reference(list(r))) for r in finite_runs]
+    no_nones = [r for r in finite_runs if None not in r]
+    assert floattext.cell_runs(no_nones) == [",".join(_reference(list(r))) for r in no_nones]
+    mixed = [*runs[:3], (np.float32(0.1), 3, None)]
+    assert floattext.cell_runs(mixed) == [",".join(_reference(list(r))) for r in mixed]
+
+
 def test_numpy_scalars_ints_and_bools_are_written_as_float(formatter: str) -> None:
     values: list[object] = [
         np.float64(1e-05),
