@@ -295,9 +295,10 @@ def present(pipeline: Any, args: argparse.Namespace, title: str, *, live: bool =
             print(
                 "layerwatch: not a terminal; printing results instead of the TUI", file=sys.stderr
             )
-    from layerwatch.engine.live.gc_tuning import batch_collections
+    from layerwatch.engine.live.gc_tuning import FROZEN_BATCH_THRESHOLDS, batch_collections
 
-    with batch_collections():  # no UI thread to keep frames for
+    # no UI thread to keep frames for, and the pipeline's HeapFreezer collects once a second
+    with batch_collections(FROZEN_BATCH_THRESHOLDS):
         return headless(pipeline, args, live=live)
 
 

@@ -85,11 +85,22 @@ class HeapFreezer:
 BATCH_THRESHOLDS = (10_000, 20, 100)
 """The collector's thresholds while a headless ``compare`` runs (CPython's: 700, 10, 10)."""
 
+FROZEN_BATCH_THRESHOLDS = (200_000, 100, 100)
+"""The thresholds of a headless live session (``open``/``watch``/``run --headless``), whose
+:class:`HeapFreezer` collects and freezes once a second anyway: young collections wait for
+200 000 more live containers than freed ones, so between two ticks they rarely run and the
+freezer's collection does their work once. With :data:`BATCH_THRESHOLDS` the young
+collections walked each surviving pair's objects again until the tick (on bench_scale's
+100 k pairs ~275 young and ~13 middle collections, 0.75-0.86 s of ~10 s CPU; with these ~50
+young ones, 0.13 s, peak RSS the same). Cyclic garbage waits at most that many containers,
+or the next tick."""
+
 
 @contextmanager
-def batch_collections() -> Iterator[None]:
-    """Rarer collections inside the block; the thresholds found before are put back after it,
-    unless something else changed them meanwhile.
+def batch_collections(thresholds: tuple[int, int, int] = BATCH_THRESHOLDS) -> Iterator[None]:
+    """Rarer collections inside the block (``thresholds``: :data:`BATCH_THRESHOLDS`, or
+    :data:`FROZEN_BATCH_THRESHOLDS` where a :class:`HeapFreezer` ticks); the thresholds found
+    before are put back after it, unless something else changed them meanwhile.
 
     A headless compare of many small pairs allocates a few dozen container objects a pair
     (records, keys, results, report lines), nearly all freed by reference counting within
@@ -100,10 +111,10 @@ def batch_collections() -> Iterator[None]:
     called in-process (tests, ``open`` of per-case dumps) leaves the caller's heap as it was.
     Unlike the live session (the module docstring), nothing here runs beside a UI thread, so
     a young collection that is rarer and longer costs no frame."""
-    thresholds = gc.get_threshold()
-    gc.set_threshold(*BATCH_THRESHOLDS)
+    before = gc.get_threshold()
+    gc.set_threshold(*thresholds)
     try:
         yield
     finally:
-        if gc.get_threshold() == BATCH_THRESHOLDS:
-            gc.set_threshold(*thresholds)
+        if gc.get_threshold() == thresholds:
+            gc.set_threshold(*before)

@@ -167,23 +167,49 @@ def test_batch_collections_leave_thresholds_someone_else_changed() -> None:
         gc.set_threshold(*before)
 
 
+def test_a_live_sessions_collections_wait_for_its_freezer() -> None:
+    """The headless live session's thresholds are put back too, and its young collections
+    wait far longer than a compare's (its HeapFreezer collects once a second)."""
+    import gc
+
+    from layerwatch.engine.live.gc_tuning import (
+        BATCH_THRESHOLDS,
+        FROZEN_BATCH_THRESHOLDS,
+        batch_collections,
+    )
+
+    assert FROZEN_BATCH_THRESHOLDS[0] > 10 * BATCH_THRESHOLDS[0]
+    before = gc.get_threshold()
+    try:
+        with batch_collections(FROZEN_BATCH_THRESHOLDS):
+            assert gc.get_threshold() == FROZEN_BATCH_THRESHOLDS
+        assert gc.get_threshold() == before
+        with batch_collections(FROZEN_BATCH_THRESHOLDS):
+            gc.set_threshold(123, 4, 5)
+        assert gc.get_threshold() == (123, 4, 5)
+    finally:
+        gc.set_threshold(*before)
+
+
 HEADLESS = """
 import gc, json, sys
-from layerwatch.engine.live.gc_tuning import BATCH_THRESHOLDS
+from layerwatch.engine.live.gc_tuning import FROZEN_BATCH_THRESHOLDS
 from layerwatch.tui import frontends
 from layerwatch.tui.cli import main
 
 gc.set_threshold(700, 10, 10)
-inner, during = frontends.headless, []
+inner, during, freezer = frontends.headless, [], []
 
-def watched(*args, **kwargs):
+def watched(pipeline, *args, **kwargs):
     during.append(gc.get_threshold())
-    return inner(*args, **kwargs)
+    freezer.append(pipeline.freeze_heap)  # the thresholds count on its once-a-second collection
+    return inner(pipeline, *args, **kwargs)
 
 frontends.headless = watched
 code = main(["open", sys.argv[1], sys.argv[2], "--headless", "-o", sys.argv[3]])
 print(json.dumps({"code": code, "during": during, "after": gc.get_threshold(),
-                  "batch": BATCH_THRESHOLDS}))
+                  "batch": FROZEN_BATCH_THRESHOLDS,
+                  "freezer": freezer}))
 """
 
 
@@ -199,5 +225,6 @@ def test_collects_less_often_and_puts_the_thresholds_back(
     seen = _run(script, str(golden), str(target), str(tmp_path / "report.csv"))
     assert seen["code"] in (0, 1)
     assert seen["during"] == [seen["batch"]] * calls
+    assert seen.get("freezer", [True]) == [True]
     assert seen["after"] == [700, 10, 10]
     assert (tmp_path / "report.csv").stat().st_size > 0
