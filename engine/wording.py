@@ -204,16 +204,24 @@ def _steps(tokens: tuple[int, ...]) -> str:
     return f"steps {tokens[0]}–{tokens[-1]}"
 
 
-def divergence_words(d: Divergence, pairs: int) -> str:
-    """One sentence: where the outputs part, whether it is a near tie, what was not compared."""
+def divergence_words(d: Divergence, pairs: int | None) -> str:
+    """One sentence: where the outputs part, whether it is a near tie, what was not compared.
+
+    ``pairs`` None: the line is said once while tokens still land (``open --headless``), so it
+    names only what later tokens cannot change; the counts so far would differ run to run."""
     if d.golden_margin is None:
         why = "logits not captured: no margin"
     else:
         kind = "a near tie" if d.near_tie else "a confident choice"
         why = f"golden margin {d.golden_margin:.3g}, {kind}"
-    return (
+    head = (
         f"outputs differ from step {d.token}: the target chose {d.target_id}, the golden "
-        f"{d.golden_id} ({why}); {_steps(d.not_compared_tokens)} not compared "
+        f"{d.golden_id} ({why}); "
+    )
+    if pairs is None:
+        return head + "the steps after it are not compared"
+    return (
+        head + f"{_steps(d.not_compared_tokens)} not compared "
         f"({d.not_compared_pairs} of {pairs} pairs)"
     )
 

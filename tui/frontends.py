@@ -434,18 +434,19 @@ class Printer:
                 words = finding_words(first, self.pipeline.session.blocks())
                 print(f"first failure{again}: {words}", file=self.failures, flush=True)
             if self.parted is None and batch.summary.diverged:
-                self._divergence(batch.summary.pairs)
+                self._divergence()
         self._tick()
 
-    def _divergence(self, pairs: int) -> None:
+    def _divergence(self) -> None:
         """Say where the outputs part as soon as the first diverged token lands (once: the step
-        and ids do not change when later tokens land)."""
+        and ids do not change when later tokens land; the counts do, so the final summary
+        says them)."""
         from layerwatch.engine.wording import divergence_words
 
         parted = getattr(self.pipeline.session, "divergence", None)
         if parted is not None:
             self.parted = parted
-            print(f"layerwatch: {divergence_words(parted, pairs)}", file=self.failures, flush=True)
+            print(f"layerwatch: {divergence_words(parted, None)}", file=self.failures, flush=True)
 
     def _tick(self) -> None:
         now = time.monotonic()

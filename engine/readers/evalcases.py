@@ -8,7 +8,8 @@ pass value is empty are skipped and counted, as msit drops rows with a missing v
 else malformed is a one-line :class:`LayerwatchError` naming the file and the line — except the
 last line of a CSV or JSONL file that ends without a newline (an evaluation killed while it
 wrote that line): when it does not read as a whole row it is left out with a note
-(:attr:`EvalRun.notes`), and every row before it is kept.
+(:attr:`EvalRun.notes`), and every row before it is kept. A JSON array cut short (no closing
+``]``) keeps its complete objects the same way, with one note that says where it ends.
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from layerwatch.capture.errors import LayerwatchError
+from layerwatch.engine.readers.base import cut_short_note
 
 REQUIRED = ("key", "passed")
 OPTIONAL = ("queries", "input_token_ids", "output_token_ids")
 _ALIASES = {"pass": "passed"}
 _TRUE = {"true", "1", "correct", "yes", "pass", "passed"}
 _FALSE = {"false", "0", "wrong", "no", "fail", "failed"}
+_INK = re.compile(r"[^ \t\n\r]")
+"""Anything but JSON's whitespace."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +70,14 @@ def read_eval(path: str | Path) -> EvalRun:
     p = Path(path)
     if not p.is_file():
         raise LayerwatchError(f"{p}: no such evaluation file")
-    rows, torn, unterminated = _raw_rows(p)
+    rows, torn, unterminated, cut = _raw_rows(p)
     columns = _columns(p, rows)
     cases: list[EvalCase] = []
     skipped = 0
     seen: dict[tuple[str, str | None], int] = {}
     notes = [] if torn is None else [_torn_note(p, torn)]
+    if cut is not None:
+        notes.append(cut)
     open_end = torn is None and bool(rows) and unterminated
     for line, row in rows:
         key = _text(row.get("key"))
@@ -110,10 +117,10 @@ def _torn_note(p: Path, line: int) -> str:
     return f"{p}:{line}: last line cut short (no newline at the end), skipped"
 
 
-def _raw_rows(p: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | None, bool]:
-    """The rows; the number of a JSONL last line cut short (left out), else None; and whether
+def _raw_rows(p: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | None, bool, str | None]:
+    """The rows; the number of a JSONL last line cut short (left out), else None; whether
     a file of lines (CSV, JSONL) ends without a line end: its last line may be cut short (a
-    JSON array is whole or does not parse)."""
+    JSON array is whole or says where it was cut); the note of a JSON array cut short."""
     try:
         text = p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
@@ -121,12 +128,13 @@ def _raw_rows(p: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | None, bo
     suffix = p.suffix.lower()
     unterminated = bool(text) and not text.endswith(("\n", "\r"))
     if suffix == ".csv":
-        return _csv_rows(p, text), None, unterminated
+        return _csv_rows(p, text), None, unterminated, None
     if suffix in (".jsonl", ".ndjson"):
         rows, torn = _jsonl_rows(p, text, unterminated)
-        return rows, torn, unterminated
+        return rows, torn, unterminated, None
     if suffix == ".json":
-        return _json_rows(p, text), None, False
+        rows, cut = _json_rows(p, text)
+        return rows, None, False, cut
     raise LayerwatchError(f"{p}: unknown evaluation file type (supported: .csv, .jsonl, .json)")
 
 
@@ -169,14 +177,51 @@ def _jsonl_rows(
     return out, None
 
 
-def _json_rows(p: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
+def _json_rows(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]], str | None]:
+    """The rows, and the note of an array cut short (its complete objects kept)."""
+    cut = None
     try:
         items = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise LayerwatchError(f"{p}: not JSON: {exc.msg} (line {exc.lineno})") from None
+        prefix = _array_prefix(text)
+        if prefix is None:
+            raise LayerwatchError(f"{p}: not JSON: {exc.msg} (line {exc.lineno})") from None
+        items, at = prefix
+        cut = cut_short_note(p, at, f"{len(items)} complete cases", "the file")
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise LayerwatchError(f"{p}: expected a JSON array of objects, one per case")
-    return [(n, _renamed(obj)) for n, obj in enumerate(items, 1)]
+    return [(n, _renamed(obj)) for n, obj in enumerate(items, 1)], cut
+
+
+def _array_prefix(text: str) -> tuple[list[Any], int] | None:
+    """A JSON array that ends before its closing ``]`` (a run killed while it wrote the file):
+    (the values before the first one that does not parse, where the text ends). None: not an
+    array, or one that is closed but corrupt."""
+    body = text.rstrip()
+    at = _skip_space(text, 0)
+    if not body.startswith("[", at) or body.endswith("]"):
+        return None
+    decode = json.JSONDecoder().raw_decode
+    items: list[Any] = []
+    at += 1
+    while True:
+        try:
+            value, end = decode(text, _skip_space(text, at))
+        except json.JSONDecodeError:
+            return items, len(text)
+        items.append(value)
+        at = _skip_space(text, end)
+        if at >= len(text):
+            return items, len(text)
+        if text[at] != ",":
+            return None
+        at += 1
+
+
+def _skip_space(text: str, at: int) -> int:
+    """Where the first character at or after ``at`` that is not JSON whitespace is."""
+    found = _INK.search(text, at)
+    return len(text) if found is None else found.start()
 
 
 def _renamed(row: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,12 @@ from layerwatch.engine.readers.json_stream import read_cut
 from layerwatch.engine.readers.load import canonical_dtype, load_array
 from layerwatch.engine.readers.locate import _RANK, _STEP, DUMP
 from layerwatch.engine.readers.locate import locate_msprobe as locate
-from layerwatch.engine.readers.msprobe_tokens import RankCalls, assign_tokens, module_parts
+from layerwatch.engine.readers.msprobe_tokens import (
+    RankCalls,
+    assign_tokens,
+    module_parts,
+    unused_note,
+)
 from layerwatch.engine.readers.pth import PthIncomplete, pth_locator
 from layerwatch.engine.records import Locator, Stats, TensorKey, TensorRecord, Topology
 
@@ -227,6 +232,8 @@ class MsprobeReader:
     def _close_step(self, at: _Streams, update: ReaderUpdate) -> None:
         """Every rank of the step read: the next step's tokens come after its last."""
         for calls, _ in at.ranks:
+            if calls.parents_note is not None:
+                self._note(calls.parents_note, update)
             if calls.construct_cut is not None:
                 self._note(_cut_note(calls.path.parent / CONSTRUCT, *calls.construct_cut), update)
             elif calls.cut is not None:
@@ -307,6 +314,12 @@ class MsprobeReader:
             # cut short: the parents it has; a corrupt one: none known
             cut = _read_cut(state.path / CONSTRUCT)
             construct, construct_cut = cut if cut is not None else ({}, None)
+        if not isinstance(construct, dict):  # JSON, but not the object of calls it should be
+            construct = {}
+        if not construct:
+            unused = unused_note(state.path / CONSTRUCT, whole=True)
+            if unused is not None:
+                self._note(unused, update)
         state.sig = sig
         entries = [(name, value) for name, value in data.items() if isinstance(value, dict)]
         lacking = None

@@ -136,6 +136,33 @@ def assign_tokens(entries: list[tuple[str, dict]], construct: dict) -> tuple[lis
     return tokens, splitter.tokens, settled
 
 
+PARENTS_FROM_NAMES = "module parents are taken from dump.json's names"
+"""How a dump whose construct.json gives no parent is read (:func:`unused_note`)."""
+
+
+def unused_note(path: Path, *, whole: bool = False) -> str | None:
+    """The note for a ``construct.json`` that is there but gives no parent: empty, cut short
+    before its first call, not a JSON object, or corrupt (``whole``: anywhere in the file, as
+    when it is read whole; else at its start, as a stream finds it). The dump is then read as if
+    it had none. None: it gives parents, is an empty object, or is missing."""
+    try:
+        stream = ObjectStream(path, cut_ok=True)
+    except OSError:
+        return None
+    with contextlib.closing(stream):
+        try:
+            for _ in stream.walk():
+                if not whole:
+                    return None
+        except JsonStreamError as exc:
+            return f"{exc}; {PARENTS_FROM_NAMES}"
+        if stream.cut is None:
+            return None
+        if stream.cut == 0:
+            return f"{path}: empty; {PARENTS_FROM_NAMES}"
+        return f"{path}: ends at character {stream.cut} before its first call; {PARENTS_FROM_NAMES}"
+
+
 class Parents:
     """construct.json's parent of each call, read only as far as the calls asked for so far:
     msprobe writes it in about the order of dump.json, so what waits is about a token's worth
@@ -149,8 +176,15 @@ class Parents:
         with contextlib.suppress(OSError):
             self._stream = ObjectStream(path, cut_ok=True)
             self._entries = self._stream.walk()
-        self.present = self._read_one()
-        """construct.json has an entry (an empty or missing one: no parents known)."""
+        try:
+            self.present = self._read_one()
+            """construct.json has an entry (an empty, missing or unusable one: no parents
+            known; corrupt after its first entry raises where it is found)."""
+        except JsonStreamError:
+            self._entries = None
+            self.present = False
+        self.unused = None if self.present else unused_note(path)
+        """:func:`unused_note` when no parent is known though the file is there."""
 
     @property
     def cut(self) -> int | None:
@@ -213,6 +247,8 @@ class RankCalls:
         self.construct_cut: tuple[int, int] | None = None
         """(where construct.json ends, the calls read before the first call it lacks): the
         rest of dump.json is not read."""
+        self.parents_note = self._parents.unused
+        """Why construct.json gave no parent though it is there (:func:`unused_note`)."""
 
     def next_token(self) -> tuple[int, list[tuple[Call, int]]] | None:
         """(token in the step, its calls each with the character position after it), or None

@@ -224,6 +224,49 @@ def test_a_last_line_cut_short_is_left_out_with_a_note(runs: tuple[Path, Path], 
     assert text_out.returncode == out.returncode
 
 
+@pytest.mark.parametrize(
+    ("where", "kept"),
+    [("inside the last object", 3), ("after a comma", 3), ("after an object", 3), ("at [", 0)],
+)
+def test_a_json_array_cut_short_keeps_its_complete_cases(
+    runs: tuple[Path, Path], where: str, kept: int
+) -> None:
+    """An evaluation killed while it wrote its JSON array (no closing ``]``): the objects
+    before the cut are compared as in the whole file, one note says where the file ends and
+    how many cases it kept; nothing before the cut is lost."""
+    golden, target = runs
+    whole_path = target.with_name("whole.json")
+    cases = [json.loads(line) for line in target.read_text().splitlines()]
+    text = json.dumps(cases, indent=1)
+    whole_path.write_text(text)
+    whole = json.loads(_cli(golden, whole_path, "--json").stdout)
+    last = text.rindex("{")
+    ends = {
+        "inside the last object": text.index('"pass"', last) + 3,
+        "after a comma": text.rindex(",", 0, last) + 1,
+        "after an object": text.rindex("}", 0, last) + 1,
+        "at [": 1,
+    }
+    cut = target.with_name("cut.json")
+    cut.write_text(text[: ends[where]] + "\n")
+    out = _cli(golden, cut, "--json")
+    assert "Traceback" not in out.stderr
+    if not kept:  # nothing whole before the cut: nothing to compare
+        assert out.returncode == 2 and out.stderr.count("\n") == 1
+        return
+    report = json.loads(out.stdout)
+    note = f"{cut}: cut short at character {ends[where] + 1}, after {kept} complete cases"
+    assert out.stderr.startswith(f"note: {note}; the rest of the file is not compared"), out.stderr
+    kept_keys = {c["key"] for c in cases[:kept]}
+    assert [r for r in whole["rows"] if r["key"] in kept_keys] == report["rows"]
+    assert len(report["rows"]) == kept
+    assert out.returncode == (1 if report["bad_cases"] else 0)
+    corrupt = target.with_name("corrupt.json")  # closed, but not JSON: still unusable
+    corrupt.write_text(text[: ends["after a comma"]] + "]")
+    bad = _cli(golden, corrupt)
+    assert bad.returncode == 2 and "not JSON" in bad.stderr
+
+
 def test_a_json_array_without_a_final_newline_is_whole(tmp_path: Path) -> None:
     """``json.dump`` writes no newline at the end: a JSON array that parses is whole, so its
     last case's bad pass value is still one line, exit 2 — not a cut line left out."""

@@ -7,6 +7,7 @@ A wrong RMSNorm kernel (every norm) and one noisy Linear instance: exit 1, namin
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def _replay(tmp_path: Path, mode: str, tokens: int = 6) -> tuple[int, dict, Path
     out = tmp_path / f"replay_{mode}"
     res = layerwatch(
         "precheck", "--replay", "--json", "--out", str(out), "-o", str(tmp_path / "r.csv"),
-        "--", "python", str(PROGRAM), mode, str(tokens), timeout=240,
+        "--", sys.executable, str(PROGRAM), mode, str(tokens), timeout=240,
     )  # fmt: skip
     assert "Traceback" not in res.stderr, res.stderr
     return res.returncode, json.loads(res.stdout), out
@@ -43,7 +44,7 @@ def test_benign_bf16_run_passes_on_a_hundredth_of_a_dump(tmp_path: Path) -> None
     assert replay["distinct"] == len(obj["rows"]) < replay["calls"]
     assert not list(out.rglob("*.safetensors"))  # statistics only: no tensor was written
     dump = tmp_path / "dump"  # the same run, fully dumped
-    res = layerwatch("dump", "--out", str(dump), "--", "python", str(PROGRAM), "benign", "32")
+    res = layerwatch("dump", "--out", str(dump), "--", sys.executable, str(PROGRAM), "benign", "32")
     assert res.returncode == 0, res.stderr
     full = sum(p.stat().st_size for p in dump.rglob("*") if p.is_file() and p.suffix != ".log")
     assert replay["bytes"] <= 0.01 * full, (replay["bytes"], full)
@@ -55,7 +56,7 @@ def test_benign_runs_of_other_architectures_pass(arch: str, dtype: str) -> None:
     tanh GELU): every replayed operator within its bound, with room to spare."""
     res = layerwatch(
         "precheck", "--replay", "--json",
-        "--", "python", str(PROGRAM), "benign", "4", arch, dtype, timeout=240,
+        "--", sys.executable, str(PROGRAM), "benign", "4", arch, dtype, timeout=240,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr
     obj = json.loads(res.stdout)
@@ -93,7 +94,7 @@ def test_a_wrong_kernel_is_named(tmp_path: Path, mode: str, node: str, op: str) 
     [
         (["precheck", "--replay"], "no command given"),
         (["precheck", "--replay", "--", "no-such-command-xyz"], "command not found"),
-        (["precheck", "--replay", "--", "python", "-c", "print(1)"], "nothing replayed"),
+        (["precheck", "--replay", "--", sys.executable, "-c", "print(1)"], "nothing replayed"),
         (["precheck"], "no dump given"),
         (["precheck", "some_dump", "extra"], "a command needs --replay"),
     ],

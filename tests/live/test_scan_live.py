@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ def test_exit_on_anomaly_stops_the_command_at_the_first_one(tmp_path: Path) -> N
     report = tmp_path / "scan.json"
     res = layerwatch(
         "dump", "--out", str(out), "--scan", "--exit-on-anomaly", "--scan-output", str(report),
-        "--", "python", str(PROGRAM), "nan", str(STEPS), timeout=180,
+        "--", sys.executable, str(PROGRAM), "nan", str(STEPS), timeout=180,
     )  # fmt: skip
     assert res.returncode == 1, res.stderr
     live = [ln for ln in res.stderr.splitlines() if "anomaly:" in ln]
@@ -38,7 +39,7 @@ def test_exit_on_anomaly_stops_the_command_at_the_first_one(tmp_path: Path) -> N
 def test_scan_of_a_benign_run_is_quiet_and_keeps_the_exit_code(tmp_path: Path) -> None:
     out = tmp_path / "dump"
     res = layerwatch(
-        "dump", "--out", str(out), "--scan", "--", "python", str(PROGRAM), "benign", "3",
+        "dump", "--out", str(out), "--scan", "--", sys.executable, str(PROGRAM), "benign", "3",
         timeout=180,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ def test_stats_first_keeps_the_last_tokens_payloads(tmp_path: Path) -> None:
     out = tmp_path / "dump"
     res = layerwatch(
         "dump", "--out", str(out), "--stats-first", "--keep-tokens", "2",
-        "--", "python", str(PROGRAM), "benign", "6", timeout=180,
+        "--", sys.executable, str(PROGRAM), "benign", "6", timeout=180,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     records = index_records(out)

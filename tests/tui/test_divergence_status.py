@@ -18,5 +18,7 @@ def test_status_bar_shows_the_divergence_sentence() -> None:
     assert words in text
     assert words.startswith("outputs differ from step 2: the target chose 515, the golden 501")
     assert "a near tie" in words and "steps 3–5 not compared (780 of 936 pairs)" in words
+    live = divergence_words(parted, None)
+    assert live.startswith(words.split(";")[0]) and "pairs" not in live and "3–5" not in live
     bar._state = RunState(summary=Summary(pairs=10, passed=10))
     assert "outputs differ" not in bar._text(200).plain

@@ -189,3 +189,42 @@ def test_construct_json_cut_short_reads_the_calls_it_places(
     assert code == (1 if any(r[24] == "fail" for r in rows.values()) else 0)
     whole_run_report(golden, target, tmp_path / "whole-read.csv")
     assert (tmp_path / "whole-read.csv").read_bytes() == (tmp_path / "cut.csv").read_bytes()
+
+
+UNUSABLE = {
+    "empty": "",
+    "not JSON": "xyz",
+    "not an object": "[1, 2]",
+    "cut before its first call": '{"Module.model',
+}
+
+
+@pytest.mark.parametrize("what", sorted(UNUSABLE))
+def test_an_unusable_construct_json_is_read_as_none_with_one_note(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+) -> None:
+    """A construct.json that gives no parent (empty, corrupt from its start, not an object, cut
+    before its first call): the dump is compared as if it had none — the same rows and exit
+    code — with one note that names the file, read as a stream or whole."""
+    golden, target = _pair(tmp_path)
+    construct = target / "step0" / "proc0" / "construct.json"
+    construct.unlink()
+    code_none, _ = windowed_report(golden, target, tmp_path / "none.csv", monkeypatch)
+    assert not [line for line in capsys.readouterr().err.splitlines() if "construct" in line]
+    construct.write_text(UNUSABLE[what])
+
+    code, _ = windowed_report(golden, target, tmp_path / "bad.csv", monkeypatch)
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if str(construct) in line]
+    assert len(notes) == 1, err
+    assert notes[0].endswith("; module parents are taken from dump.json's names")
+    none = _rows(tmp_path / "none.csv", "", "")
+    assert code == code_none == 1 and _rows(tmp_path / "bad.csv", "", "") == none
+    # read whole (the live reader's final read, as open/watch do): the same rows and note
+    whole = open_dump(target, side="target").poll(None, final=True)
+    assert [n for n in whole.notes if str(construct) in n] == [notes[0].split("target: ", 1)[1]]
+    whole_run_report(golden, target, tmp_path / "whole.csv")
+    assert _rows(tmp_path / "whole.csv", "", "") == none
