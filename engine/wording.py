@@ -256,10 +256,15 @@ def summary_text(session: Any) -> str:
 def note_lines(notes: Sequence[str], most: int = 8) -> list[str]:
     """What the readers noted about their input (an index line cut short, a file skipped, an
     unreadable topology), one ``note:`` line each, the first ``most`` and then how many more:
-    a dump with thousands of damaged files must not bury the summary."""
-    lines = [f"note: {note}" for note in notes[:most]]
-    if len(notes) > most:
-        lines.append(f"note: … {len(notes) - most} more")
+    a dump with thousands of damaged files must not bury the summary. A note said more than
+    once (the same bad line in every token) is one line with its count."""
+    counts = dict.fromkeys(notes, 0)
+    for note in notes:
+        counts[note] += 1
+    said = [note if n == 1 else f"{note} ({n} times)" for note, n in counts.items()]
+    lines = [f"note: {note}" for note in said[:most]]
+    if len(said) > most:
+        lines.append(f"note: … {len(said) - most} more")
     return lines
 
 

@@ -369,7 +369,8 @@ class LayerwatchReader(DirectoryReader):
         elif kind == lwf.K_TOKEN:
             try:
                 update.token_ids[int(obj["token"])] = tuple(
-                    int(i) for i in obj.get("input_ids", ())
+                    int(i)
+                    for i in obj.get("input_ids") or ()  # null: the root took no ids
                 )
             except (KeyError, TypeError, ValueError):
                 update.notes.append(f"{state.path / lwf.INDEX}: skipped a bad token line")

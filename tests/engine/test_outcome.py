@@ -158,3 +158,15 @@ def test_a_front_ends_own_notes_are_capped_under_the_summary() -> None:
     ours = [line for line in lines if line.startswith("note: golden: note")]
     assert ours == [f"note: {n}" for n in notes[:8]]
     assert lines[-1] == "note: … 4 more"
+
+
+def test_a_note_said_many_times_is_one_line_with_its_count() -> None:
+    """The same note from every token (a reader's per-line note) is one line, counted; the
+    cap counts distinct notes (``wording.note_lines``)."""
+    from layerwatch.engine.wording import note_lines
+
+    notes = ["a: bad line", "b: cut", "a: bad line", *[f"c{i}" for i in range(8)], "a: bad line"]
+    lines = note_lines(notes)
+    assert lines[:2] == ["note: a: bad line (3 times)", "note: b: cut"]
+    assert len(lines) == 9 and lines[-1] == "note: … 2 more"
+    assert note_lines(["x", "y"]) == ["note: x", "note: y"]

@@ -194,3 +194,26 @@ def test_reads_a_real_capture_of_a_tiny_llama(tmp_path: Path) -> None:
     np.testing.assert_array_equal(
         load_array(weight), model.model.layers[1].mlp.down_proj.weight.detach().numpy()
     )
+
+
+def test_a_root_that_takes_no_ids_has_tokens_without_ids_and_no_note(tmp_path: Path) -> None:
+    """A model fed float tensors (a vision or embedding-input model): capture writes each
+    token line with ``input_ids: null``; that is a token with no ids, not a bad line, so
+    reading it (and comparing two such dumps) says nothing about token lines."""
+    import torch
+    from layerwatch.capture import DumpConfig, register_hook
+    from layerwatch.tui.cli import main
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    for side in ("golden", "target"):
+        with register_hook(model, DumpConfig(dump_path=str(tmp_path / side))), torch.no_grad():
+            for _ in range(3):
+                model(torch.ones(1, 4))
+    index = next((tmp_path / "golden").glob("*/index.jsonl")).read_text()
+    assert index.count('"input_ids":null') == 3  # what capture writes for such a root
+    update = open_dump(tmp_path / "golden").poll()
+    assert update.token_ids == {0: (), 1: (), 2: ()}
+    assert not update.notes and len(update.tensors) == 18
+    code = main(["compare", str(tmp_path / "golden"), str(tmp_path / "target")])
+    assert code == 0
