@@ -86,7 +86,8 @@ class RunStatus:
 
     side: str
     state: str
-    """``waiting`` ``launching`` ``running`` ``exited`` ``crashed`` ``complete`` ``attached``."""
+    """``waiting`` ``launching`` ``running`` ``exited`` ``crashed`` ``complete`` ``attached``
+    ``stopped`` (an attached layerwatch dump that went idle without its end record)."""
     pid: int | None = None
     exit_code: int | None = None
     tokens: int = 0

@@ -126,6 +126,7 @@ RUN_GLYPHS = {
     "waiting": "◌",
     "exited": "■",
     "complete": "■",
+    "stopped": "■",
     "crashed": "✖",
     "attached": "●",
 }

@@ -269,8 +269,17 @@ class LiveSide:
         updates = self._poll(None, final=True)
         named = {n.split(": ", 1)[0] for u in updates for n in u.notes}
         self._note_incomplete({p: w for p, w in incomplete.items() if str(p) not in named})
-        if self.child is None:
-            self._state = "complete"
+        if self.child is None and self._state != "complete":
+            # Only our format says when a run ends (K_END on every rank): idle without it, the
+            # writer stopped part-way (killed, crashed), which "complete" would hide.
+            if getattr(self.reader, "fmt", None) == "layerwatch":
+                self._state = "stopped"
+                self.notes.append(
+                    f"{self.spec.dir} has no end record: its run stopped before it "
+                    "finished (what it wrote is compared)"
+                )
+            else:
+                self._state = "complete"
         return updates
 
     def _note_incomplete(self, incomplete: dict[Path, str]) -> None:

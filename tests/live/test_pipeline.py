@@ -313,3 +313,24 @@ def test_open_foreign_dumps_matches_compare(golden: str, target: str) -> None:
     compared = layerwatch("compare", g, t)
     assert (opened.returncode, opened.stdout) == (compared.returncode, compared.stdout)
     assert "pairs:" in opened.stdout
+
+
+def test_an_attached_dump_without_its_end_record_is_stopped_not_complete(
+    tmp_path: Path, tiny_dumps: tuple[Path, Path]
+) -> None:
+    """A layerwatch dump whose run was killed has no end record: attached (``open``,
+    ``watch``), its side is ``stopped`` with one note naming the directory, never
+    ``complete``; what it wrote is still compared. A whole dump stays ``complete``."""
+    golden, target = tiny_dumps
+    cut = tmp_path / "killed"
+    shutil.copytree(target, cut)
+    for index in cut.glob("*/index.jsonl"):
+        lines = index.read_text().splitlines(keepends=True)
+        index.write_text("".join(line for line in lines if '"k":"end"' not in line))
+    opened = layerwatch("open", "--headless", str(golden), str(cut))
+    said = opened.stdout + opened.stderr
+    assert "layerwatch: target: stopped" in said and "target: complete" not in said, said
+    assert said.count(f"note: target: {cut} has no end record") == 2  # live, then the summary
+    assert "golden: complete" in said and "golden: stopped" not in said
+    assert opened.returncode == layerwatch("compare", str(golden), str(target)).returncode
+    assert "pairs: 120 compared" in opened.stdout
