@@ -59,6 +59,8 @@ _GEMMA_NORMS = frozenset(
     for mod, cls in (("gemma", "Gemma"), ("gemma2", "Gemma2"), ("gemma3", "Gemma3"))
 )
 """``(1 + w) · x̂`` computed in fp32, cast once."""
+_DEMO_NORMS = frozenset({"layerwatch.capture.demo.model.RMSNorm"})
+"""The demo model's norm (capture/demo/model.py): Llama's ``w · cast(x̂)``, its ``eps`` as ``eps``."""
 _ACTIVATIONS = {
     "torch.nn.modules.activation.SiLU": "silu",
     "torch.nn.modules.activation.ReLU": "relu",
@@ -177,9 +179,9 @@ def plan_for(node: Node, fmt: str, op_param: dict[str, Any]) -> Plan | str:
             eps_f,
             n_dims,
         )
-    if cls in _LLAMA_NORMS or cls in _GEMMA_NORMS:
+    if cls in _LLAMA_NORMS or cls in _GEMMA_NORMS or cls in _DEMO_NORMS:
         gemma = cls in _GEMMA_NORMS
-        eps = attrs.get("eps" if gemma else "variance_epsilon")
+        eps = attrs.get("variance_epsilon" if cls in _LLAMA_NORMS else "eps")
         if not isinstance(eps, int | float):
             return f"{short} (no eps recorded)"
         return lambda get: ref.rms_norm(get("input_0"), get(w), float(eps), plus_one=gemma)

@@ -276,3 +276,28 @@ def test_headless_open_of_one_dump_is_precheck(tmp_path):
     assert done.returncode == 1, done.stderr
     first = json.loads(done.stdout)["first_failure"]
     assert (first["token"], first["node"]) == (0, "root.model.layers.1.input_layernorm")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_demo_models_norm_is_rechecked(dtype, tmp_path):
+    """The demo model's RMSNorm (capture/demo/model.py, Llama's ``w · cast(x̂)``) is checked:
+    its ``rmsnorm_eps`` fault (eps 0.5 in layers.1.ffn_norm from token 2) is found there and
+    nowhere else, and the benign run raises nothing."""
+    from layerwatch.capture import DumpConfig, register_hook
+    from layerwatch.capture.demo import build_model, generate
+
+    reports = {}
+    for fault in (None, "rmsnorm_eps"):
+        model = build_model(dtype=dtype, fault=fault)
+        out = tmp_path / str(fault)
+        with register_hook(model, DumpConfig(dump_path=str(out), dump_weight=True)):
+            generate(model, new_tokens=6)
+        reports[fault] = precheck(out)
+    benign = reports[None]
+    norms = [r for r in benign.rows if r.key.node.endswith("_norm")]
+    assert norms and all(r.verdict.value == "pass" for r in norms)
+    assert not benign.failed and not benign.errors
+    first = reports["rmsnorm_eps"].first_failure
+    assert first is not None and (first.key.token, first.key.node) == (2, "root.layers.1.ffn_norm")
+    assert {r.key.node for r in reports["rmsnorm_eps"].failed} == {"root.layers.1.ffn_norm"}
+    assert first.metrics[ref.PRECHECK_RATIO] > 2.0
