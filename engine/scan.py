@@ -46,6 +46,23 @@ def _is_mask(stem: str) -> bool:
     return "mask" in stem.lower()
 
 
+def _masked_inf(rec: TensorRecord, stats: Stats) -> bool:
+    """Every Inf of ``rec`` is −inf and it has no NaN: attention scores with a causal mask
+    built by ``masked_fill(-inf)`` (as ``finfo.min`` is for transformers), not an overflow. The
+    statistics count Infs without their sign, so the payload is read, for these tensors only;
+    without one (a statistics-only dump) the Inf is judged."""
+    if not stats.inf or stats.nan or rec.loc is None:
+        return False
+    import numpy as np
+    from layerwatch.engine.readers.load import load_array
+
+    try:
+        values = load_array(rec.loc)
+    except (OSError, ValueError, LayerwatchError):
+        return False
+    return not bool(np.isposinf(values).any())
+
+
 class _StatsSource:
     """Statistics of a record: the dump's own when present, else one streamed read."""
 
@@ -161,6 +178,8 @@ class Scanner:
                 if stats is None:
                     continue
                 own = set(anomaly.own_kinds(stats, rec.dtype))
+                if anomaly.INF in own and _masked_inf(rec, stats):
+                    own.discard(anomaly.INF)
                 if _is_mask(rec.key.stem):
                     own.discard(anomaly.SATURATED)  # finfo.min is what masks hold
                 else:
@@ -188,6 +207,8 @@ class Scanner:
             if report.peak_magnitude is None or mag > report.peak_magnitude[0]:
                 report.peak_magnitude = (mag, rec.key)
             kinds = anomaly.output_kinds(stats, rec.dtype, in_stats, report.bounds)
+            if anomaly.INF in kinds and _masked_inf(rec, stats):
+                kinds.remove(anomaly.INF)
             if not kinds:
                 continue
             if has_inputs and anomaly.carries(kinds, in_kinds):

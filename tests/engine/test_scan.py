@@ -51,6 +51,46 @@ def test_msprobe_api_dumps_with_masks_raise_nothing(side: str) -> None:
     assert report.rows == [] and report.tensors > 50
 
 
+class _Scores(torch.nn.Module):
+    """Attention-like scores with a causal mask added, built with ``fill`` (−inf as nanoGPT
+    and the demo model do, or +inf: never a mask)."""
+
+    def __init__(self, fill: float) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.fill = fill
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.proj(x) @ x.transpose(-1, -2)
+        mask = torch.full(scores.shape[-2:], self.fill).triu(1)
+        return scores + mask
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_a_causal_mask_of_minus_inf_is_no_anomaly(dtype: str, tmp_path: Path) -> None:
+    """Scores masked with −inf hold Infs by design, as finfo.min masks hold saturated values:
+    the payload says every Inf is negative, so the benign demo (its causal mask is −inf) and a
+    −inf mask raise nothing, while +inf in the same place is still an Inf that appears."""
+    from layerwatch.capture import DumpConfig, register_hook
+    from layerwatch.capture.demo import build_model, generate
+
+    model = build_model(dtype=dtype)
+    with register_hook(model, DumpConfig(dump_path=str(tmp_path / "demo"))):
+        generate(model, new_tokens=4)
+    demo = scan_dump(str(tmp_path / "demo"))
+    assert demo.rows == [] and demo.first_failure is None and demo.tensors > 100
+    found = {}
+    for fill in (float("-inf"), float("inf")):
+        out = tmp_path / str(fill)
+        model = _Scores(fill).eval()
+        with register_hook(model, DumpConfig(dump_path=str(out))), torch.no_grad():
+            model(torch.randn(1, 3, 4))
+        found[fill] = scan_dump(str(out)).first_failure
+    assert found[float("-inf")] is None
+    plus = found[float("inf")]
+    assert plus is not None and anomaly.INF in plus.kinds and plus.status == APPEARS
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_fp16_overflow_is_found_where_it_appears(arch: str, tmp_path: Path) -> None:
     model = tiny_hf.build(arch, torch.float16)
