@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from layerwatch.tui.screens.export import ExportScreen
+from layerwatch.tui.screens.export import ExportScreen, export_words
 from layerwatch.tui.screens.main import MainScreen
 from textual.widgets import Input
 
@@ -56,3 +56,21 @@ async def test_export_error_is_reported_and_escape_cancels(tmp_path: Path) -> No
         await pilot.press("escape")
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen))
         assert app.source.exports == []
+
+
+async def test_the_box_says_every_format_in_full() -> None:
+    """The export box names the formats on lines that fit it (one long line was cut at its
+    edge, mid-suffix), Parquet only where the report has that form (not a scan's)."""
+    from rich.cells import cell_len
+    from textual.widgets import Label
+
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("e")
+        await wait_until(pilot, lambda: isinstance(app.screen, ExportScreen))
+        await pilot.pause(0.1)
+        label = app.screen.query(Label).first()
+        text = str(label.content)
+        assert text.endswith(".json, .jsonl or .parquet") and ".csv" in text
+        assert all(cell_len(line) <= label.content_region.width for line in text.splitlines())
+    assert "parquet" not in export_words(parquet=False)

@@ -280,7 +280,8 @@ class MainScreen(Screen[None]):
     def action_export(self) -> None:
         from .export import ExportScreen
 
-        self.app.push_screen(ExportScreen(), self._export_to)
+        scan = self.app.model.verdict_only  # a scan's report: CSV, JSON or JSONL
+        self.app.push_screen(ExportScreen(parquet=not scan), self._export_to)
 
     def _export_to(self, path: str | None) -> None:
         if path:
