@@ -21,13 +21,14 @@ Rows list anomalous tensors only (a clean 4k-token run would otherwise print mil
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from layerwatch.capture.errors import LayerwatchError
 from layerwatch.engine.numerics import anomaly
-from layerwatch.engine.records import Stats, TensorRecord, Topology
+from layerwatch.engine.records import Locator, Stats, TensorRecord, Topology
 from layerwatch.engine.scan_rows import APPEARS, INSIDE, PROPAGATED, ScanReport, ScanRow
 
 __all__ = [
@@ -46,18 +47,13 @@ def _is_mask(stem: str) -> bool:
     return "mask" in stem.lower()
 
 
-def _masked_inf(rec: TensorRecord, stats: Stats) -> bool:
-    """Every Inf of ``rec`` is −inf and it has no NaN: attention scores with a causal mask
-    built by ``masked_fill(-inf)`` (as ``finfo.min`` is for transformers), not an overflow. The
-    statistics count Infs without their sign, so the payload is read, for these tensors only;
-    without one (a statistics-only dump) the Inf is judged."""
-    if not stats.inf or stats.nan or rec.loc is None:
-        return False
+def _infs_all_negative(loc: Locator) -> bool:
+    """Every Inf of the payload at ``loc`` is −inf (False where it cannot be read)."""
     import numpy as np
     from layerwatch.engine.readers.load import load_array
 
     try:
-        values = load_array(rec.loc)
+        values = load_array(loc)
     except (OSError, ValueError, LayerwatchError):
         return False
     return not bool(np.isposinf(values).any())
@@ -100,6 +96,9 @@ class Scanner:
         self.topology = topology
         self.report = ScanReport(bounds=bounds)
         self._stats = _StatsSource()
+        self._negative_infs = functools.lru_cache(maxsize=256)(_infs_all_negative)
+        """:func:`_infs_all_negative`, remembered for the last few payloads: a node's output
+        is read once though the next node judges it again as its input."""
         self._pending: dict[tuple[int, int], dict[str, list[TensorRecord]]] = {}
         self._latest: dict[int, int] = {}
         """Latest token seen per rank."""
@@ -113,6 +112,15 @@ class Scanner:
         self.on_call: Callable[[str, list[TensorRecord], list[ScanRow]], None] | None = None
         """Told every judged call (node, its records, its anomalous rows; clean calls too):
         the live scan grid (engine/live/scan_session.py) colours clean cells from it."""
+
+    def _masked_inf(self, rec: TensorRecord, stats: Stats) -> bool:
+        """Every Inf of ``rec`` is −inf and it has no NaN: attention scores with a causal mask
+        built by ``masked_fill(-inf)`` (as ``finfo.min`` is for transformers), not an overflow.
+        The statistics count Infs without their sign, so the payload is read, for these tensors
+        only; without one (a statistics-only dump) the Inf is judged."""
+        if not stats.inf or stats.nan or rec.loc is None:
+            return False
+        return self._negative_infs(rec.loc)
 
     def add(self, records: Iterable[TensorRecord]) -> list[ScanRow]:
         """Buffer ``records``; judge the calls now known whole; returns the new rows."""
@@ -178,7 +186,7 @@ class Scanner:
                 if stats is None:
                     continue
                 own = set(anomaly.own_kinds(stats, rec.dtype))
-                if anomaly.INF in own and _masked_inf(rec, stats):
+                if anomaly.INF in own and self._masked_inf(rec, stats):
                     own.discard(anomaly.INF)
                 if _is_mask(rec.key.stem):
                     own.discard(anomaly.SATURATED)  # finfo.min is what masks hold
@@ -207,7 +215,7 @@ class Scanner:
             if report.peak_magnitude is None or mag > report.peak_magnitude[0]:
                 report.peak_magnitude = (mag, rec.key)
             kinds = anomaly.output_kinds(stats, rec.dtype, in_stats, report.bounds)
-            if anomaly.INF in kinds and _masked_inf(rec, stats):
+            if anomaly.INF in kinds and self._masked_inf(rec, stats):
                 kinds.remove(anomaly.INF)
             if not kinds:
                 continue

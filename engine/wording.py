@@ -13,6 +13,7 @@ since numerics imports nothing above records. Plain Python: no numpy, no Textual
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -259,10 +260,7 @@ def note_lines(notes: Sequence[str], most: int = 8) -> list[str]:
     unreadable topology), one ``note:`` line each, the first ``most`` and then how many more:
     a dump with thousands of damaged files must not bury the summary. A note said more than
     once (the same bad line in every token) is one line with its count."""
-    counts = dict.fromkeys(notes, 0)
-    for note in notes:
-        counts[note] += 1
-    said = [note if n == 1 else f"{note} ({n} times)" for note, n in counts.items()]
+    said = [note if n == 1 else f"{note} ({n} times)" for note, n in Counter(notes).items()]
     lines = [f"note: {note}" for note in said[:most]]
     if len(said) > most:
         lines.append(f"note: … {len(said) - most} more")

@@ -247,8 +247,6 @@ class RankCalls:
         self.construct_cut: tuple[int, int] | None = None
         """(where construct.json ends, the calls read before the first call it lacks): the
         rest of dump.json is not read."""
-        self.parents_note = self._parents.unused
-        """Why construct.json gave no parent though it is there (:func:`unused_note`)."""
 
     def next_token(self) -> tuple[int, list[tuple[Call, int]]] | None:
         """(token in the step, its calls each with the character position after it), or None
@@ -294,6 +292,11 @@ class RankCalls:
             return
         self.done = True
         self._ready.extend(self.splitter.finish())
+
+    @property
+    def parents_note(self) -> str | None:
+        """Why construct.json gave no parent though it is there (:func:`unused_note`)."""
+        return self._parents.unused
 
     @property
     def cut(self) -> int | None:

@@ -693,11 +693,12 @@ class ResultStore:
                 else:
                     at[name] = (-1, const)
             plans[m] = [at.get(name, (-1, None)) for name in names]
-        _, lo, span = self._span(col)
+        spanned = self._span(col)
+        _, lo, span = spanned
         if span is None:  # far apart: each row's values read by themselves
             return [
                 [got[k] if k >= 0 else const for k, const in plans[m]]
-                for m, got in zip(msets, self._pooled(col), strict=True)
+                for m, got in zip(msets, self._pooled(col, spanned), strict=True)
             ]
         pool = np.array(span, np.float64)
         of_row, pos = np.array(msets, np.int64), np.array(col["mpos"], np.int64) - lo
@@ -726,9 +727,14 @@ class ResultStore:
         span = self._values(lo, hi - lo) if hi - lo <= 2 * sum(counts) + 4096 else None
         return counts, lo, span
 
-    def _pooled(self, col: dict[str, list[Any]]) -> Iterator[list[float]]:
-        """Each row's pooled metric values (those not exactly +0.0 or 1.0), in its set's order."""
-        counts, lo, span = self._span(col)
+    def _pooled(
+        self,
+        col: dict[str, list[Any]],
+        spanned: tuple[list[int], int, list[float] | None] | None = None,
+    ) -> Iterator[list[float]]:
+        """Each row's pooled metric values (those not exactly +0.0 or 1.0), in its set's order
+        (``spanned``: :meth:`_span` of ``col``, when the caller has it already)."""
+        counts, lo, span = spanned or self._span(col)
         for count, pos in zip(counts, col["mpos"], strict=True):
             yield (
                 span[pos - lo : pos - lo + count] if span is not None else self._values(pos, count)
